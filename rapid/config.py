@@ -1,0 +1,48 @@
+"""Config checks that stop a run at start-up with one sentence, and the `mul` resolver that
+derives `algorithm.n_inference = H * n_step` (one home for each number)."""
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class ConfigError(ValueError):
+    """An invalid config value or combination; the message says how to fix it."""
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("mul"):
+        OmegaConf.register_new_resolver("mul", lambda *xs: __import__("math").prod(int(x) for x in xs))
+
+
+def validate(cfg: DictConfig, world: int) -> None:
+    a = cfg.algorithm
+    checks = [
+        (a.H >= 1, f"algorithm.H={a.H} must be at least 1"),
+        (a.n_group >= 2 or not a.leave_one_out, "algorithm.leave_one_out needs algorithm.n_group >= 2"),
+        (a.n_group >= 1, f"algorithm.n_group={a.n_group} must be at least 1"),
+        (a.n_step % a.n_group == 0,
+         f"algorithm.n_step={a.n_step} must be a multiple of algorithm.n_group={a.n_group}, so that a "
+         "minibatch holds whole groups"),
+        (a.n_inference == a.H * a.n_step,
+         f"algorithm.n_inference={a.n_inference} must equal H * n_step = {a.H * a.n_step}: set algorithm.H "
+         "and algorithm.n_step, not n_inference"),
+        (a.n_step % (a.n_group * world) == 0,
+         f"algorithm.n_step={a.n_step} must split into whole groups of {a.n_group} over {world} ranks "
+         f"(a multiple of n_group * world_size = {a.n_group * world})"),
+        (a.eta is None or a.eta >= 1.0, f"algorithm.eta={a.eta} must be >= 1 (or null for no truncation)"),
+        (cfg.train.micro_batch % a.n_group == 0,
+         f"train.micro_batch={cfg.train.micro_batch} must be a multiple of algorithm.n_group={a.n_group}"),
+        (cfg.model.dtype in DTYPES, f"model.dtype={cfg.model.dtype} must be one of {', '.join(DTYPES)}"),
+        (cfg.sampler.temperature > 0, f"sampler.temperature={cfg.sampler.temperature} must be > 0 for RL "
+         "(log-probs are taken at the sampling temperature)"),
+        (cfg.rounds >= 1, f"rounds={cfg.rounds} must be at least 1"),
+        (cfg.device in ("auto", "cpu", "cuda"), f"device={cfg.device} must be auto, cpu or cuda"),
+        (cfg.device != "cuda" or torch.cuda.is_available(),
+         "device=cuda was asked for but no CUDA GPU is visible: run on a GPU machine or set device=cpu"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)

@@ -1,0 +1,45 @@
+"""torchrun / DDP plumbing: one process per rank, gloo on CPU, nccl on GPU."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def init(device: str = "auto") -> tuple[int, int, torch.device]:
+    """(rank, world_size, device). Single process when not launched by torchrun.
+    `device`: "auto" (a GPU when one is visible), "cuda" or "cpu"."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", 0))
+    if device != "cpu" and torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return rank, world, device
+
+
+def is_main() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def print0(*args, **kwargs) -> None:
+    if is_main():
+        print(*args, **kwargs, flush=True)
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sum a list of floats over ranks (identity in a single process)."""
+    if not dist.is_initialized():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

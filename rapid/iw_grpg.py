@@ -1,0 +1,144 @@
+"""Importance-weighted group policy gradient (IW-GRPG): the loss of RAPID (arXiv 2510.03515).
+
+Pure tensor math: no model, no config, no state. Notation follows the paper.
+
+A minibatch holds ``B`` records ``n`` = (prompt x_n, completion y_n, reward R_n), grouped by
+prompt into groups ``N_k`` of size ``N_k`` (the paper's ``n_group`` completions per prompt).
+The completions were sampled from the behaviour policy ``μ`` (the policy at the start of the
+round); the current policy is ``π_θ``. With sequence log-probabilities
+``logp_n = log π_θ(y_n|x_n)`` and ``logp_mu_n = log μ(y_n|x_n)``:
+
+    importance weight      w_n = exp(logp_n − logp_mu_n),   w̄_n = min(w_n, η)   (η = ``eta``)
+    Eq. 2 (GRPG)           A_n = R_n − (1/N_k) Σ_{n'∈N_k} R_{n'}
+    Eq. 4/5 (IW-GRPG)      A_n = R_n − (1/N_k) Σ_{n'∈N_k} w̄_{n'} R_{n'}
+    leave-one-out          A_n = R_n − (1/(N_k−1)) Σ_{n'∈N_k, n'≠n} w̄_{n'} R_{n'}
+    Eq. 3 gradient         g = (1/B) Σ_n w̄_n A_n ∇_θ logp_n      (w̄_n, A_n held constant)
+
+The Eq. 3 gradient is produced by the surrogate
+
+    loss = −(1/B) Σ_n sg(w̄_n) · sg(A_n) · logp_n,    so  ∂loss/∂logp_n = −w̄_n A_n / B,
+
+where ``sg`` stops the gradient. With ``η = ∞`` (``eta=None``) and the leave-one-out baseline
+the gradient is an unbiased estimate of ∇_θ E_{π_θ}[R]: the baseline of record n depends only
+on its siblings, which are independent of y_n, and E_μ[w ∇logπ_θ] = ∇ Σ_y π_θ(y) = 0. With
+``θ = μ`` (first minibatch of a round) every w = 1 and IW-GRPG is exactly GRPG.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["group_advantages", "iw_grpg_loss", "sequence_logprobs", "masked_mean"]
+
+# exp(20) ≈ 4.9e8: a larger log-ratio is clamped before exp so that w stays finite even in
+# float32; such a weight is clipped to η anyway whenever η is finite.
+LOG_RATIO_MAX = 20.0
+
+
+def group_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    weights: Tensor | None = None,
+    leave_one_out: bool = False,
+) -> Tensor:
+    """Group-baselined advantages A_n (Eq. 2, or Eq. 4 when ``weights`` are given).
+
+    rewards [B] float, group_ids [B] int (any values; members need not be adjacent; groups
+    may differ in size), weights [B] float or None (all ones) -> advantages [B], dtype of
+    ``rewards``. With ``leave_one_out`` the baseline of n averages the other N_k − 1 members.
+    Rewards and weights are treated as constants: the output never requires grad.
+    """
+    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
+        raise ValueError(
+            f"rewards and group_ids must both have shape [B]; got {tuple(rewards.shape)} "
+            f"and {tuple(group_ids.shape)}."
+        )
+    rewards = rewards.detach()
+    weighted = rewards if weights is None else weights.detach().to(rewards.dtype) * rewards
+    _, inverse = torch.unique(group_ids, return_inverse=True)  # [B] -> group index in [0, K)
+    n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    counts = torch.zeros(n_groups, dtype=rewards.dtype, device=rewards.device)
+    counts.index_add_(0, inverse, torch.ones_like(rewards))  # [K] N_k
+    sums = torch.zeros_like(counts).index_add_(0, inverse, weighted)  # [K] Σ w R
+    if leave_one_out:
+        if bool((counts < 2).any()):
+            raise ValueError(
+                "leave_one_out=True needs at least 2 completions in every group, but a group "
+                "has only 1; sample n_group >= 2 completions per prompt or set leave_one_out=False."
+            )
+        baseline = (sums[inverse] - weighted) / (counts[inverse] - 1)  # [B]
+    else:
+        baseline = sums[inverse] / counts[inverse]  # [B]
+    return rewards - baseline
+
+
+def iw_grpg_loss(
+    logp: Tensor,
+    logp_mu: Tensor,
+    rewards: Tensor,
+    group_ids: Tensor,
+    eta: float | None = 2.0,
+    leave_one_out: bool = False,
+    normalizer: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """IW-GRPG surrogate loss (Eq. 3 with the Eq. 4/5 advantage) and per-call statistics.
+
+    logp [B] (log π_θ, differentiable), logp_mu [B] (log μ, constant), rewards [B],
+    group_ids [B] -> loss [] (float32, or float64 for float64 ``logp``), stats.
+
+    ``eta`` is the truncation level η (None: no clipping). ``normalizer`` is the B of the
+    1/B factor (default len(logp)); pass the full minibatch size when a minibatch is split
+    into micro-batches of whole groups, and the summed micro-batch losses equal the full loss.
+
+    stats (Python floats, means over this call's B, so micro-batched callers aggregate them
+    by a size-weighted mean, and ``iw_max`` by max): ``clip_frac`` fraction with w > η;
+    ``staleness`` mean |log w̄|; ``iw_mean``, ``iw_max`` of the unclipped w; ``adv_mean``,
+    ``adv_abs_mean`` of A. Weights use log-ratios clamped at ``LOG_RATIO_MAX``.
+    """
+    if eta is not None and eta <= 0:
+        raise ValueError(f"eta must be positive or None (no clipping); got {eta}.")
+    if logp.dim() != 1 or logp_mu.shape != logp.shape:
+        raise ValueError(
+            f"logp and logp_mu must both have shape [B]; got {tuple(logp.shape)} "
+            f"and {tuple(logp_mu.shape)}."
+        )
+    dtype = torch.float64 if logp.dtype == torch.float64 else torch.float32
+    log_ratio = (logp_mu.detach().to(dtype) - logp.detach().to(dtype)).clamp(max=LOG_RATIO_MAX)
+    w = log_ratio.exp()  # [B]
+    w_bar = w if eta is None else w.clamp(max=eta)  # [B] min(w, η)
+    log_w_bar = log_ratio if eta is None else log_ratio.clamp(max=math.log(eta))  # [B]
+    adv = group_advantages(rewards, group_ids, w_bar, leave_one_out).to(dtype)  # [B]
+    b = float(logp.shape[0]) if normalizer is None else float(normalizer)
+    loss = -(w_bar * adv * logp.to(dtype)).sum() / b
+
+    clipped = torch.zeros_like(w) if eta is None else (w > eta).to(dtype)
+    values = torch.stack(
+        [clipped.mean(), log_w_bar.abs().mean(), w.mean(), w.max(), adv.mean(), adv.abs().mean()]
+    ).tolist()  # one device sync
+    names = ("clip_frac", "staleness", "iw_mean", "iw_max", "adv_mean", "adv_abs_mean")
+    return loss, dict(zip(names, values))
+
+
+def sequence_logprobs(token_logp: Tensor, mask: Tensor) -> Tensor:
+    """Sequence log-probs: token_logp [B, T], mask [B, T] (bool or 0/1 float) -> [B].
+
+    Masked positions contribute exactly 0, even where token_logp is -inf or nan.
+    """
+    keep = mask.bool()
+    return torch.where(keep, token_logp, torch.zeros_like(token_logp)).sum(dim=-1)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of x over positions where mask is true: x [...], mask broadcastable to x.
+
+    dim=None reduces everything to a scalar []; otherwise that dim is reduced. Masked
+    positions are ignored even if x is -inf or nan there; an all-masked slice gives 0.
+    """
+    keep = mask.bool().expand_as(x)
+    total = torch.where(keep, x, torch.zeros_like(x))
+    if dim is None:
+        return total.sum() / keep.sum().clamp(min=1)
+    return total.sum(dim=dim) / keep.sum(dim=dim).clamp(min=1)

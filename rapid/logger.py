@@ -1,0 +1,45 @@
+"""Metrics: one JSON object per line in <run_dir>/metrics.jsonl, and wandb when asked for.
+
+Keys are namespaced (`train/`, `iw/`, `eval/`, `time/`, `sampler/`) with units in the name.
+Only rank 0 writes. On resume, rows after the checkpoint's round are dropped first, so the file
+reads as if the run had never stopped.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: Path, enabled: bool = True, wandb_cfg: dict | None = None,
+                 config: dict | None = None, resume_round: int | None = None):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.enabled, self.wandb = enabled, None
+        if not enabled:
+            return
+        if resume_round is not None and self.path.exists():
+            rows = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+            kept = [r for r in rows if r.get("round", 0) <= resume_round]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        if wandb_cfg and wandb_cfg.get("enabled"):
+            import wandb  # optional dependency (`pip install rapid[wandb]`); WANDB_MODE=offline works
+
+            self.wandb = wandb.init(project=wandb_cfg.get("project"), name=wandb_cfg.get("name"),
+                                    dir=str(run_dir), config=config, resume="allow")
+
+    def rows(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def log(self, row: dict) -> None:
+        if not self.enabled:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in row.items() if k != "round"}, step=row.get("round"))
+
+    def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()

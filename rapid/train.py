@@ -1,0 +1,242 @@
+"""python -m rapid.train — RAPID (arXiv 2510.03515), Algorithm 1 from top to bottom.
+
+Each round t:
+  1. take n_inference / n_group prompts X_t from the shuffled training set;
+  2. sample n_group completions per prompt with the frozen current policy μ = π_θ, keeping the
+     per-token log μ;
+  3. score them, R(x, y);
+  4. put the n_inference records Z_t in the buffer;
+  5. take H = n_inference / n_step gradient steps on minibatches of n_step records (whole
+     groups), each with the importance-weighted group policy gradient (IW-GRPG, Eq. 3-5):
+        w_n = exp(log π_θ(y_n|x_n) − log μ(y_n|x_n)),   w̄_n = min(w_n, η)
+        A_n = R_n − (1/N_k) Σ_{n'∈N_k} w̄_n' R_n'          (leave-one-out: over n' ≠ n)
+        g   = (1/B) Σ_n w̄_n A_n ∇ log π_θ(y_n|x_n)
+     On the first step of a round θ = μ, so w = 1 and this is plain GRPG (Eq. 2);
+  6. push the new weights into the sampler, in place.
+PG is the same loop with H = 1 (`algorithm=pg`).
+
+    python -m rapid.train                                   # the offline default run (CPU, ~20 min)
+    python -m rapid.train +experiment=smoke                 # tiny random model, < 2 min
+    python -m rapid.train -m algorithm.H=1,2,4,8 seed=0,1   # a sweep, one directory per run
+    torchrun --nproc_per_node=2 -m rapid.train ...          # DDP: each rank samples its share of prompts
+    python -m rapid.train resume=outputs/<run>              # continue from the latest checkpoint
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from rapid import checkpoint, distributed
+from rapid.buffer import ReplayBuffer, Rollout
+from rapid.config import DTYPES, ConfigError, register_resolvers, validate
+from rapid.data import PromptStream
+from rapid.distributed import all_reduce_sum, print0
+from rapid.evaluate import evaluate
+from rapid.iw_grpg import iw_grpg_loss, sequence_logprobs
+from rapid.logger import MetricsLogger
+from rapid.models import ModelLoadError, load_model_and_tokenizer
+from rapid.policy import accumulate_gradients
+from rapid.sampler import make_sampler
+from rapid.seeding import derive_seed
+from rapid.tasks import get_task
+
+SAMPLE_STREAM, BUFFER_STREAM = 0, 1    # tags that keep derived seed streams apart
+
+register_resolvers()
+
+
+def lr_lambda(schedule: str, warmup: int, total: int):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return {"constant": 1.0, "linear": 1.0 - progress, "cosine": 0.5 * (1 + math.cos(math.pi * progress))}[schedule]
+    return f
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base=None)
+def main(cfg: DictConfig) -> dict | None:
+    try:
+        return train(cfg)
+    except (ConfigError, ModelLoadError) as e:
+        print0(f"rapid: {e}")
+        sys.exit(2)
+    finally:
+        distributed.shutdown()
+
+
+def train(cfg: DictConfig) -> dict:
+    # ---------------------------------------------------------------- setup
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    resume_from = None
+    if cfg.resume:
+        run_dir = Path(cfg.resume)
+        resume_from = checkpoint.latest(run_dir)
+        if resume_from is None:
+            raise ConfigError(f"resume={cfg.resume} holds no checkpoint (checkpoints/round_*/state.pt): "
+                              "point it at the directory of a run that saved one")
+        cfg = checkpoint.load_config(resume_from)   # the run continues with the config it started with
+    rank, world, device = distributed.init(cfg.device)
+    validate(cfg, world)
+    a, t, o = cfg.algorithm, cfg.task, cfg.optim
+    compute_dtype = DTYPES[cfg.model.dtype]
+    temperature = cfg.sampler.temperature
+    torch.manual_seed(cfg.seed)
+    if distributed.is_main():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        (run_dir / "meta.json").write_text(json.dumps(
+            {"git_commit": git_commit(), "argv": sys.argv, "world_size": world, "device": str(device),
+             "torch": torch.__version__}, indent=2))
+    print0(OmegaConf.to_yaml(cfg, resolve=True))
+
+    model, tokenizer = load_model_and_tokenizer(cfg.model.path, cfg.model.gguf, cfg.model.tiny,
+                                                cfg.model.gradient_checkpointing, seed=cfg.seed)
+    model.to(device)
+    task = get_task(t.name)
+    train_records = task.load("train", **t)
+    eval_records = task.load("test", **t)[:cfg.eval.n]
+    train_prompts = task.build_prompts(train_records, tokenizer, **t)
+    eval_prompts = task.build_prompts(eval_records, tokenizer, **t)
+    sampler = make_sampler(cfg.sampler.name, model, tokenizer, cfg.sampler.batch_size, compute_dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(o.schedule, o.warmup_steps, cfg.rounds * a.H))
+    policy = DistributedDataParallel(model) if world > 1 else model
+    stream = PromptStream(len(train_records), derive_seed(cfg.seed, 2))
+    start_round, elapsed0 = 0, 0.0
+    if resume_from is not None:
+        state = checkpoint.load(resume_from, model, optimizer, scheduler, stream)
+        start_round, elapsed0 = state["round"], state["elapsed_s"]
+        print0(f"resumed from {resume_from} at round {start_round}")
+    logger = MetricsLogger(run_dir, enabled=distributed.is_main(),
+                           wandb_cfg={"enabled": cfg.logger.wandb, "project": cfg.logger.project, "name": run_dir.name},
+                           config=OmegaConf.to_container(cfg, resolve=True),
+                           resume_round=start_round if resume_from else None)
+
+    def loss_fn(token_logp, batch, normalizer):
+        logp = sequence_logprobs(token_logp, batch.completion_mask)
+        logp_mu = sequence_logprobs(batch.logp_mu, batch.completion_mask)
+        return iw_grpg_loss(logp, logp_mu, batch.rewards, batch.group_ids, eta=a.eta,
+                            leave_one_out=a.leave_one_out, normalizer=normalizer)
+
+    def run_eval(round_: int) -> dict:
+        t0 = time.perf_counter()
+        row = evaluate(sampler, task, eval_records, eval_prompts, max_new_tokens=t.max_new_tokens,
+                       temperature=cfg.eval.temperature, rank=rank, world=world, device=device,
+                       seed=derive_seed(cfg.seed, 3))
+        row = {"round": round_, **row, "time/eval_s": time.perf_counter() - t0}
+        logger.log(row)
+        print0(f"eval @ round {round_}: accuracy {row['eval/accuracy']:.3f} on {row['eval/n']} problems")
+        return row
+
+    t_start = time.perf_counter() - elapsed0
+    if start_round == 0:
+        run_eval(0)
+    buffer = ReplayBuffer()
+    n_prompts = a.n_inference // a.n_group          # prompts per round, over all ranks
+    bar = tqdm(range(start_round, cfg.rounds), initial=start_round, total=cfg.rounds,
+               disable=not distributed.is_main() or not cfg.logger.progress, dynamic_ncols=True)
+    # ---------------------------------------------------------------- Algorithm 1
+    for round_ in bar:
+        t0 = time.perf_counter()
+        # 1. prompts X_t: the round's n_inference / n_group prompts; this rank takes every world-th
+        round_indices = stream.take(n_prompts)
+        positions = list(range(rank, n_prompts, world))
+        indices = [round_indices[p] for p in positions]
+        # 2. sample n_group completions per prompt with μ = π_θ; seeds from (round, prompt, sample)
+        seeds = [derive_seed(cfg.seed, SAMPLE_STREAM, round_, p) for p in positions]
+        groups = sampler.generate([train_prompts[i] for i in indices], n=a.n_group,
+                                  max_new_tokens=t.max_new_tokens, temperature=temperature, seeds=seeds)
+        t1 = time.perf_counter()
+        # 3. score every completion
+        rollouts = [Rollout(prompt_ids=train_prompts[i], completion_ids=c.token_ids, logp_mu=c.logprobs,
+                            reward=task.reward(c.text, train_records[i]), group_id=p,
+                            truncated=c.finish_reason == "length", text=c.text)
+                    for p, i, group in zip(positions, indices, groups) for c in group]
+        t2 = time.perf_counter()
+        # 4. Z_t
+        buffer.clear()
+        buffer.add(rollouts)
+        # 5. H gradient steps on group-aligned minibatches (n_step records over all ranks)
+        shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, BUFFER_STREAM, round_))
+        steps = []
+        for minibatch in buffer.minibatches(a.n_step // world, shuffle):
+            stats = accumulate_gradients(policy, minibatch, loss_fn, micro_batch=cfg.train.micro_batch,
+                                         pad_id=sampler.pad_id, temperature=temperature, device=device,
+                                         compute_dtype=compute_dtype)
+            stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip).item()
+            stats["lr"] = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            steps.append(stats)
+        t3 = time.perf_counter()
+        # 6. the new weights go to the sampler, in place
+        sampler.sync_weights(model)
+        t4 = time.perf_counter()
+        # 7. log (sums over ranks, then means)
+        n_tokens = sum(len(r.completion_ids) for r in rollouts)
+        sums = all_reduce_sum([len(rollouts), sum(r.reward for r in rollouts), sum(r.reward == 1.0 for r in rollouts),
+                               n_tokens, sum(r.truncated for r in rollouts)]
+                              + [sum(s[k] for s in steps) / len(steps) for k in ("clip_frac", "staleness", "iw_mean", "loss")],
+                              device)
+        n = sums[0]
+        row = {"round": round_ + 1, "samples": (round_ + 1) * a.n_inference, "epoch": stream.epoch + stream.pos / len(train_records),
+               "train/reward_mean": sums[1] / n, "train/accuracy": sums[2] / n, "train/completion_len": sums[3] / n,
+               "train/truncated_frac": sums[4] / n, "iw/clip_frac": sums[5] / world, "iw/staleness": sums[6] / world,
+               "iw/mean": sums[7] / world, "iw/max": max(s["iw_max"] for s in steps), "train/loss": sums[8] / world,
+               "train/grad_norm": steps[-1]["grad_norm"], "train/lr": steps[-1]["lr"],
+               "time/generate_s": t1 - t0, "time/reward_s": t2 - t1, "time/train_s": t3 - t2, "time/sync_s": t4 - t3,
+               "time/round_s": t4 - t0, "sampler/tokens_per_s": n_tokens / max(t1 - t0, 1e-9) * world,
+               "wall_s": time.perf_counter() - t_start}
+        logger.log(row)
+        bar.set_postfix(reward=f"{row['train/reward_mean']:.3f}", clip=f"{row['iw/clip_frac']:.2f}",
+                        stale=f"{row['iw/staleness']:.3f}", s_round=f"{row['time/round_s']:.1f}")
+        last = round_ + 1 == cfg.rounds
+        if cfg.eval.every and (round_ + 1) % cfg.eval.every == 0 and not last:
+            run_eval(round_ + 1)
+        if (cfg.ckpt.every and (round_ + 1) % cfg.ckpt.every == 0) or last:
+            if distributed.is_main():
+                checkpoint.save(run_dir, round_ + 1, model, tokenizer, optimizer, scheduler, stream, cfg,
+                                elapsed_s=time.perf_counter() - t_start, keep=cfg.ckpt.keep)
+    bar.close()
+    # ---------------------------------------------------------------- final evaluation and summary
+    final = run_eval(cfg.rounds)
+    rows = logger.rows() if distributed.is_main() else []
+    evals = [r for r in rows if "eval/accuracy" in r]
+    train_rows = [r for r in rows if "train/reward_mean" in r]
+    summary = {"eval/accuracy_before": evals[0]["eval/accuracy"] if evals else None,
+               "eval/accuracy_after": final["eval/accuracy"], "rounds": cfg.rounds,
+               "samples": cfg.rounds * a.n_inference, "sampler": sampler.name, "algorithm": a.name,
+               "time/total_s": time.perf_counter() - t_start,
+               **{f"{k}_total": sum(r[k] for r in train_rows)
+                  for k in ("time/generate_s", "time/reward_s", "time/train_s", "time/sync_s")}}
+    if distributed.is_main():
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        print0(json.dumps(summary, indent=2))
+    logger.close()
+    return summary
+
+
+if __name__ == "__main__":
+    main()
