@@ -58,9 +58,8 @@ def group_advantages(
         )
     rewards = rewards.detach()
     weighted = rewards if weights is None else weights.detach().to(rewards.dtype) * rewards
-    _, inverse = torch.unique(group_ids, return_inverse=True)  # [B] -> group index in [0, K)
-    n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    counts = torch.zeros(n_groups, dtype=rewards.dtype, device=rewards.device)
+    labels, inverse = torch.unique(group_ids, return_inverse=True)  # [K], [B] index in [0, K)
+    counts = torch.zeros(labels.numel(), dtype=rewards.dtype, device=rewards.device)
     counts.index_add_(0, inverse, torch.ones_like(rewards))  # [K] N_k
     sums = torch.zeros_like(counts).index_add_(0, inverse, weighted)  # [K] Σ w R
     if leave_one_out:
@@ -106,7 +105,7 @@ def iw_grpg_loss(
             f"and {tuple(logp_mu.shape)}."
         )
     dtype = torch.float64 if logp.dtype == torch.float64 else torch.float32
-    log_ratio = (logp_mu.detach().to(dtype) - logp.detach().to(dtype)).clamp(max=LOG_RATIO_MAX)
+    log_ratio = (logp.detach().to(dtype) - logp_mu.detach().to(dtype)).clamp(max=LOG_RATIO_MAX)
     w = log_ratio.exp()  # [B]
     w_bar = w if eta is None else w.clamp(max=eta)  # [B] min(w, η)
     log_w_bar = log_ratio if eta is None else log_ratio.clamp(max=math.log(eta))  # [B]

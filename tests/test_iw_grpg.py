@@ -93,9 +93,8 @@ def test_advantages_match_numpy_loop_randomized(weighted: bool, leave_one_out: b
         rewards = torch.randn(len(ids), generator=gen, dtype=torch.float64)
         weights = torch.rand(len(ids), generator=gen, dtype=torch.float64) * 3 if weighted else None
         got = group_advantages(rewards, ids, weights, leave_one_out)
-        want = np_advantages(
-            rewards.numpy(), ids.numpy(), None if weights is None else weights.numpy(), leave_one_out
-        )
+        np_weights = None if weights is None else weights.numpy()
+        want = np_advantages(rewards.numpy(), ids.numpy(), np_weights, leave_one_out)
         torch.testing.assert_close(got, torch.from_numpy(want), **F64)
 
 
@@ -222,7 +221,8 @@ def test_micro_batches_of_whole_groups_sum_to_full_loss():
 
 X, K, G = 3, 4, 4
 THETA = t64([[0.5, -0.3, 0.1, 0.0], [1.0, 0.0, -1.0, 0.2], [-0.5, 0.4, 0.3, -0.2]])
-PHI = t64([[-0.5, 0.5, 0.1, 0.3], [0.0, 0.2, 0.3, 0.5], [0.6, 0.0, -0.6, 0.2]])  # π/μ ∈ [0.27, 2.85]
+# behaviour logits: the ratios π/μ range over [0.27, 2.85]
+PHI = t64([[-0.5, 0.5, 0.1, 0.3], [0.0, 0.2, 0.3, 0.5], [0.6, 0.0, -0.6, 0.2]])
 REWARD = t64([[1.0, 0.0, 0.5, 0.0], [0.0, 1.0, 1.0, 0.0], [0.2, 1.0, 0.0, 0.7]])
 
 
@@ -322,7 +322,8 @@ def test_leave_one_out_with_singleton_group_raises():
 
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32])
 def test_sequence_logprobs_ignores_masked_inf_and_nan(mask_dtype):
-    token_logp = torch.tensor([[-0.5, -1.0, -math.inf], [-2.0, math.nan, -0.25]], requires_grad=True)
+    token_logp = torch.tensor([[-0.5, -1.0, -math.inf], [-2.0, math.nan, -0.25]])
+    token_logp.requires_grad_()
     mask = torch.tensor([[1, 1, 0], [1, 0, 1]]).to(mask_dtype)
     out = sequence_logprobs(token_logp, mask)
     torch.testing.assert_close(out, torch.tensor([-1.5, -2.25]), **F32)  # -0.5-1; -2-0.25
