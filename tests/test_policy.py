@@ -1,0 +1,72 @@
+import copy
+
+import pytest
+import torch
+
+from rapid.buffer import Rollout, collate
+from rapid.iw_grpg import iw_grpg_loss, sequence_logprobs
+from rapid.policy import accumulate_gradients, completion_logprobs
+from tests.helpers import encode, tiny_model
+
+
+def make_rollouts(tokenizer, n_groups=3, group_size=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    prompts = encode(tokenizer, ["What is 2 + 3?", "Hi", "A much longer prompt than the others."])
+    out = []
+    for k in range(n_groups):
+        for j in range(group_size):
+            length = int(torch.randint(1, 9, (), generator=g))
+            comp = torch.randint(3, len(tokenizer), (length,), generator=g).tolist()
+            out.append(Rollout(prompt_ids=prompts[k % len(prompts)], completion_ids=comp,
+                               logp_mu=(-torch.rand(length, generator=g) * 3).tolist(),
+                               reward=float(torch.randint(0, 2, (), generator=g)), group_id=10 + k, truncated=False))
+    return out
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_completion_logprobs_equal_manual_log_softmax(temperature):
+    model, tok = tiny_model()
+    records = make_rollouts(tok)
+    batch = collate(records, tok.pad_token_id)
+    with torch.no_grad():
+        got = completion_logprobs(model, batch, temperature)
+        for i, r in enumerate(records):
+            # unpadded, one sequence at a time, full logits: an independent computation
+            ids = torch.tensor([r.prompt_ids + r.completion_ids])
+            logits = model(input_ids=ids).logits[0].double() / temperature
+            logp = torch.log_softmax(logits, -1)
+            p, c = len(r.prompt_ids), len(r.completion_ids)
+            want = torch.stack([logp[p - 1 + t, r.completion_ids[t]] for t in range(c)])
+            torch.testing.assert_close(got[i, :c].double(), want, atol=2e-5, rtol=0)
+            assert torch.all(got[i, c:] == 0)
+
+
+def test_micro_batches_equal_full_minibatch():
+    model, tok = tiny_model()
+    records = make_rollouts(tok, n_groups=4)
+    # a behaviour policy near π_θ: its per-token log-probs plus noise, so the weights spread around 1
+    with torch.no_grad():
+        true = completion_logprobs(model, collate(records, tok.pad_token_id), 1.0)
+    g = torch.Generator().manual_seed(1)
+    for i, r in enumerate(records):
+        c = len(r.completion_ids)
+        r.logp_mu = (true[i, :c] + 0.7 * torch.randn(c, generator=g)).tolist()
+
+    def loss_fn(token_logp, batch, normalizer):
+        logp = sequence_logprobs(token_logp, batch.completion_mask)
+        logp_mu = sequence_logprobs(batch.logp_mu, batch.completion_mask)
+        return iw_grpg_loss(logp, logp_mu, batch.rewards, batch.group_ids, eta=2.0, normalizer=normalizer)
+
+    grads, stats = [], []
+    for micro in (16, 4, 8):
+        m = copy.deepcopy(model)
+        s = accumulate_gradients(m, records, loss_fn, micro_batch=micro, pad_id=tok.pad_token_id, temperature=1.0,
+                                 device=torch.device("cpu"), compute_dtype=torch.float32)
+        grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+        stats.append(s)
+    assert grads[0].abs().max() > 0
+    for g, s in zip(grads[1:], stats[1:]):
+        torch.testing.assert_close(g, grads[0], atol=1e-6, rtol=1e-5)
+        for key in ("loss", "clip_frac", "staleness", "iw_mean", "iw_max"):
+            assert s[key] == pytest.approx(stats[0][key], rel=1e-5, abs=1e-7), key
+    assert 0 < stats[0]["clip_frac"] < 1     # some weights above eta, not all

@@ -1,0 +1,79 @@
+import math
+
+import torch
+
+from rapid.buffer import Rollout, collate
+from rapid.policy import completion_logprobs
+from rapid.sampler import HFSampler
+from tests.helpers import encode, tiny_model
+
+PROMPTS = ["What is 2 + 3?", "Hello", "Say something long and random:"]
+
+
+def test_generate_shapes_finish_reasons_and_logprobs_match_trainer():
+    model, tok = tiny_model()
+    sampler = HFSampler(model, tok, batch_size=5)
+    prompts = encode(tok, PROMPTS)
+    out = sampler.generate(prompts, n=4, max_new_tokens=40, temperature=1.0, seeds=[1, 2, 3])
+    assert [len(g) for g in out] == [4, 4, 4]
+    eos = tok.eos_token_id
+    reasons = set()
+    for p, group in zip(prompts, out):
+        for c in group:
+            assert len(c.logprobs) == len(c.token_ids) > 0
+            assert all(lp <= 0 for lp in c.logprobs)
+            reasons.add(c.finish_reason)
+            if c.finish_reason == "stop":
+                assert c.token_ids[-1] == eos and eos not in c.token_ids[:-1]
+            else:
+                assert len(c.token_ids) == 40 and eos not in c.token_ids
+            assert c.text == tok.decode(c.token_ids, skip_special_tokens=True)
+    # the trainer's log-probs of the same tokens equal the sampler's (fp32)
+    records = [Rollout(p, c.token_ids, c.logprobs, 0.0, i, False) for i, (p, g) in enumerate(zip(prompts, out)) for c in g]
+    batch = collate(records, tok.pad_token_id)
+    with torch.no_grad():
+        trainer = completion_logprobs(model, batch, 1.0)
+    diff = (trainer - batch.logp_mu).abs()[batch.completion_mask]
+    assert diff.max() < 1e-4
+
+
+def test_samples_depend_on_seed_not_on_batching():
+    model, tok = tiny_model()
+    prompts = encode(tok, PROMPTS)
+    a = HFSampler(model, tok, batch_size=1).generate(prompts, n=3, max_new_tokens=10, temperature=1.0, seeds=[7, 8, 9])
+    b = HFSampler(model, tok, batch_size=64).generate(prompts, n=3, max_new_tokens=10, temperature=1.0, seeds=[7, 8, 9])
+    c = HFSampler(model, tok, batch_size=64).generate(prompts, n=3, max_new_tokens=10, temperature=1.0, seeds=[7, 8, 10])
+    ids = lambda out: [[x.token_ids for x in g] for g in out]
+    assert ids(a) == ids(b)
+    assert ids(a)[:2] == ids(c)[:2] and ids(a)[2] != ids(c)[2]
+    assert len({tuple(x) for x in ids(a)[0]}) > 1        # the n samples of a prompt differ
+
+
+def test_first_token_distribution_is_softmax_at_temperature():
+    """Monte Carlo: frequencies of the first sampled token match softmax(logits / T)."""
+    model, tok = tiny_model()
+    prompt = encode(tok, ["Hi"])[0]
+    T, n = 0.8, 4000
+    with torch.no_grad():
+        probs = torch.softmax(model(input_ids=torch.tensor([prompt])).logits[0, -1].double() / T, -1)
+    out = HFSampler(model, tok, batch_size=1000).generate([prompt], n=n, max_new_tokens=1, temperature=T, seeds=[0])
+    counts = torch.bincount(torch.tensor([c.token_ids[0] for c in out[0]]), minlength=len(probs)).double()
+    top = probs.argsort(descending=True)[:5]
+    for k in top:
+        se = math.sqrt(probs[k] * (1 - probs[k]) / n)
+        assert abs(counts[k] / n - probs[k]) < 4 * se + 1e-9, (k, counts[k] / n, probs[k])
+    # the recorded log-prob is log softmax(logits / T) of the chosen token
+    first = out[0][0]
+    assert abs(first.logprobs[0] - math.log(probs[first.token_ids[0]])) < 1e-5
+
+
+def test_greedy_is_argmax():
+    model, tok = tiny_model()
+    prompt = encode(tok, ["Hello"])[0]
+    out = HFSampler(model, tok).generate([prompt], n=1, max_new_tokens=5, temperature=0.0)[0][0]
+    ids = list(prompt)
+    with torch.no_grad():
+        for t in out.token_ids:
+            nxt = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            assert t == nxt
+            ids.append(t)

@@ -1,0 +1,294 @@
+"""End-to-end tests of `python -m rapid.train`: the real entry point, run in a subprocess on the
+tiny random model (`+experiment=smoke`), checked through what a run leaves in its directory
+(config.yaml, metrics.jsonl, summary.json, checkpoints).
+
+A random model never writes `\\boxed{<right answer>}`, so with the real arithmetic reward every
+advantage is 0 and the parameters never move. The tests that compare two trajectories (resume,
+DDP) would then compare nothing, so they run through `SHAPED_LAUNCHER`: the same entry point
+(`runpy` of `rapid.train`, as `-m` does) with the task's reward replaced by "1 if the completion
+contains a digit" — about half of the random model's 8-character completions do, so every group
+has a non-zero advantage, the gradient is non-zero and the importance weights leave 1.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 300
+
+# `python LAUNCHER <overrides>` is `python -m rapid.train <overrides>` with a reward a random model earns.
+SHAPED_LAUNCHER = '''\
+import runpy
+import rapid.tasks.arithmetic as arithmetic
+
+def contains_digit(completion, record):
+    return float(any(ch.isdigit() for ch in completion))
+
+arithmetic.reward = contains_digit   # train.py calls task.reward(...) through the module
+runpy.run_module("rapid.train", run_name="__main__", alter_sys=True)
+'''
+
+TRAIN_KEYS = ("round", "samples", "epoch", "train/reward_mean", "train/accuracy", "train/completion_len",
+              "train/truncated_frac", "train/loss", "train/grad_norm", "train/lr", "iw/clip_frac",
+              "iw/staleness", "iw/mean", "iw/max", "time/generate_s", "time/reward_s", "time/train_s",
+              "time/sync_s", "time/round_s", "sampler/tokens_per_s", "wall_s")
+EVAL_KEYS = ("round", "eval/accuracy", "eval/reward_mean", "eval/completion_len", "eval/n", "time/eval_s")
+SUMMARY_KEYS = ("eval/accuracy_before", "eval/accuracy_after", "rounds", "samples", "sampler", "algorithm",
+                "time/total_s", "time/generate_s_total", "time/reward_s_total", "time/train_s_total",
+                "time/sync_s_total")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def is_timing(key: str) -> bool:
+    """Wall-clock measurements: the only values allowed to differ between equivalent runs."""
+    return key.startswith("time/") or key in ("wall_s", "sampler/tokens_per_s")
+
+
+def env_for(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_"))}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", RAPID_CACHE=str(tmp / "rapid_cache"),
+               PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+               WANDB_MODE="disabled")
+    env.update(extra)
+    return env
+
+
+def launch(args: list[str], tmp: Path, *, shaped: bool = False, nproc: int = 1, check: bool = True,
+           **env: str) -> subprocess.CompletedProcess:
+    """Run rapid.train with Hydra `args` (stdout and stderr together in .stdout)."""
+    if shaped:
+        launcher = tmp / "shaped_launcher.py"
+        launcher.write_text(SHAPED_LAUNCHER)
+        entry = [str(launcher)]
+    else:
+        entry = ["-m", "rapid.train"]
+    if nproc > 1:
+        entry = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                 *(entry if shaped else ["--module", "rapid.train"])]
+    proc = subprocess.run([sys.executable, *entry, *args], cwd=REPO, env=env_for(tmp, **env), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S)
+    if check and proc.returncode != 0:
+        pytest.fail(f"rapid.train {' '.join(args)} exited with {proc.returncode}:\n{proc.stdout[-6000:]}")
+    return proc
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def train_rows(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if "train/reward_mean" in r]
+
+
+def eval_rows(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if "eval/accuracy" in r]
+
+
+def final_weights(run_dir: Path, round_: int) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "checkpoints" / f"round_{round_:06d}" / "model" / "model.safetensors")
+
+
+def assert_rows_equal(got: list[dict], want: list[dict], tol: float = 1e-6) -> None:
+    """Same rows, same keys, same non-timing values (to `tol` relative and absolute)."""
+    assert [sorted(r) for r in got] == [sorted(r) for r in want]
+    for g, w in zip(got, want):
+        for key in w:
+            if not is_timing(key):
+                assert g[key] == pytest.approx(w[key], rel=tol, abs=tol), (w["round"], key)
+
+
+def assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], atol: float) -> float:
+    assert sorted(got) == sorted(want)
+    worst = max((got[k] - want[k]).abs().max().item() for k in want)
+    assert worst <= atol, f"largest parameter difference {worst:.3g} > {atol}"
+    return worst
+
+
+# ----------------------------------------------------------------------------- tests
+
+@pytest.mark.slow
+def test_smoke_run_writes_config_metrics_summary(tmp_path):
+    run = tmp_path / "run"
+    # T = 0.7: log μ (sampler) and log π_θ (trainer) must both be taken at the sampling temperature
+    launch(["+experiment=smoke", "sampler.temperature=0.7", f"hydra.run.dir={run}"], tmp_path)
+
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    a = cfg["algorithm"]
+    assert (a["H"], a["n_step"], a["n_group"]) == (2, 8, 4)
+    assert a["n_inference"] == a["H"] * a["n_step"] == 16          # the `mul` resolver, resolved
+    assert cfg["model"]["name"] == "tiny-llama" and cfg["rounds"] == 3 and cfg["sampler"]["temperature"] == 0.7
+    assert json.loads((run / "meta.json").read_text())["world_size"] == 1
+
+    rows = read_rows(run)
+    trains, evals = train_rows(rows), eval_rows(rows)
+    assert [r["round"] for r in trains] == [1, 2, 3]
+    assert [r["round"] for r in evals] == [0, 2, 3]                 # before, eval.every=2, after
+    for r in trains:
+        assert set(TRAIN_KEYS) <= set(r), set(TRAIN_KEYS) - set(r)
+        assert all(isinstance(r[k], (int, float)) and math.isfinite(r[k]) for k in TRAIN_KEYS), r
+        assert r["samples"] == 16 * r["round"]
+        assert r["epoch"] == pytest.approx(16 / 4 * r["round"] / (100 - 16))   # 84 training problems
+        assert 0.0 <= r["train/reward_mean"] <= 1.0 and 0.0 <= r["train/truncated_frac"] <= 1.0
+        assert 1.0 <= r["train/completion_len"] <= 8.0                            # max_new_tokens
+        assert r["train/lr"] == pytest.approx(1e-5)
+        assert r["time/round_s"] > 0 and r["sampler/tokens_per_s"] > 0
+        # The random model earns no reward, so every advantage is 0 and θ never moves: every
+        # importance weight is π_θ/μ = 1 up to float error, which checks that the sampler's
+        # log μ and the trainer's log π_θ are the same distribution (same tokens, same T).
+        assert r["train/reward_mean"] == 0.0 and r["train/grad_norm"] == 0.0
+        assert r["iw/mean"] == pytest.approx(1.0, abs=1e-4)
+        assert 1.0 <= r["iw/max"] < 1.0 + 1e-4
+        assert 0.0 <= r["iw/staleness"] < 1e-4 and r["iw/clip_frac"] == 0.0
+    assert [r["wall_s"] for r in trains] == sorted(r["wall_s"] for r in trains)
+    for r in evals:
+        assert set(EVAL_KEYS) <= set(r) and r["eval/n"] == 16 and 0.0 <= r["eval/accuracy"] <= 1.0
+
+    summary = json.loads((run / "summary.json").read_text())
+    assert set(SUMMARY_KEYS) <= set(summary), set(SUMMARY_KEYS) - set(summary)
+    assert summary["sampler"] == "hf" and summary["algorithm"] == "rapid"
+    assert summary["rounds"] == 3 and summary["samples"] == 48
+    assert summary["eval/accuracy_before"] == evals[0]["eval/accuracy"]
+    assert summary["eval/accuracy_after"] == evals[-1]["eval/accuracy"]
+    assert summary["time/generate_s_total"] == pytest.approx(sum(r["time/generate_s"] for r in trains))
+    assert summary["time/total_s"] >= trains[-1]["wall_s"]
+
+    # ckpt.every=2, keep=1: round 2 was saved, then replaced by the final round 3
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["round_000003"]
+    state = torch.load(run / "checkpoints" / "round_000003" / "state.pt", weights_only=False)
+    assert state["round"] == 3 and state["config"]["algorithm"]["n_inference"] == 16
+    assert (run / "checkpoints" / "round_000003" / "model" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_resume_reproduces_uninterrupted_run(tmp_path):
+    overrides = ["+experiment=smoke", "rounds=4", "ckpt.every=2", "ckpt.keep=5", "optim.lr=1e-3"]
+    run_a = tmp_path / "a"
+    launch([*overrides, f"hydra.run.dir={run_a}"], tmp_path, shaped=True)
+    rows_a = read_rows(run_a)
+    assert sorted(p.name for p in (run_a / "checkpoints").iterdir()) == ["round_000002", "round_000004"]
+    # not vacuous: the parameters move every step, so off-policy weights leave 1 on the 2nd step
+    assert all(r["train/grad_norm"] > 0 for r in train_rows(rows_a))
+    assert max(r["iw/staleness"] for r in train_rows(rows_a)) > 1e-3
+    assert len({r["train/reward_mean"] for r in train_rows(rows_a)}) > 1
+
+    # B: the state of run A killed during round 3
+    run_b = tmp_path / "b"
+    shutil.copytree(run_a, run_b)
+    shutil.rmtree(run_b / "checkpoints" / "round_000004")
+    (run_b / "summary.json").unlink()
+    (run_b / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_a if r["round"] <= 2))
+    proc = launch([f"resume={run_b}", f"hydra.run.dir={tmp_path / 'resume_hydra'}"], tmp_path, shaped=True)
+    assert "at round 2" in proc.stdout
+
+    rows_b = read_rows(run_b)
+    assert rows_b[:len(rows_b) - sum(r["round"] > 2 for r in rows_b)] == [r for r in rows_a if r["round"] <= 2]
+    assert_rows_equal([r for r in rows_b if r["round"] > 2], [r for r in rows_a if r["round"] > 2])
+    assert [r["round"] for r in rows_b if r["round"] > 2] == [3, 4, 4]          # train 3, train 4, final eval
+    assert_same_weights(final_weights(run_b, 4), final_weights(run_a, 4), atol=1e-6)
+    # and the optimizer moments, so that a second resume would also continue exactly
+    opt_a = torch.load(run_a / "checkpoints" / "round_000004" / "state.pt", weights_only=False)["optimizer"]
+    opt_b = torch.load(run_b / "checkpoints" / "round_000004" / "state.pt", weights_only=False)["optimizer"]
+    for i, s in opt_a["state"].items():
+        for k in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(opt_b["state"][i][k], s[k], rtol=1e-6, atol=1e-9)
+    summary_a, summary_b = (json.loads((d / "summary.json").read_text()) for d in (run_a, run_b))
+    assert {k: v for k, v in summary_b.items() if not is_timing(k)} == \
+        {k: v for k, v in summary_a.items() if not is_timing(k)}
+
+
+@pytest.mark.slow
+def test_ddp_two_ranks_match_single_process(tmp_path):
+    # H = 1: one gradient step per round on the whole round (16 records, 4 prompts); on 2 ranks
+    # each takes 2 prompts and 2 micro-batches of one group; DDP averages the two halves.
+    overrides = ["+experiment=smoke", "algorithm.H=1", "algorithm.n_step=16", "train.micro_batch=4",
+                 "optim.lr=1e-3", "rounds=2", "ckpt.every=1", "ckpt.keep=2"]
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    launch([*overrides, f"hydra.run.dir={single}"], tmp_path, shaped=True)
+    launch([*overrides, f"hydra.run.dir={ddp}"], tmp_path, shaped=True, nproc=2)
+    assert json.loads((ddp / "meta.json").read_text())["world_size"] == 2
+
+    rows_1, rows_2 = read_rows(single), read_rows(ddp)
+    t1, t2 = train_rows(rows_1), train_rows(rows_2)
+    assert [r["round"] for r in t2] == [1, 2]
+    assert all(r["train/grad_norm"] > 0 for r in t1)                # not vacuous
+    for r1, r2 in zip(t1, t2):
+        # the same completions (seeded per round, prompt, sample), so the same rewards and lengths
+        for key in ("samples", "train/reward_mean", "train/accuracy", "train/completion_len",
+                    "train/truncated_frac"):
+            assert r2[key] == r1[key], (r1["round"], key)
+        for key in ("train/loss", "train/grad_norm", "iw/mean", "iw/staleness"):
+            assert r2[key] == pytest.approx(r1[key], rel=1e-4, abs=1e-5), (r1["round"], key)
+        # on-policy (H = 1): π_θ = μ on every step, so every importance weight is 1
+        assert r2["iw/mean"] == pytest.approx(1.0, abs=1e-4) and r2["iw/staleness"] < 1e-4
+    assert [(r["round"], r["eval/accuracy"], r["eval/n"]) for r in eval_rows(rows_2)] == \
+        [(r["round"], r["eval/accuracy"], r["eval/n"]) for r in eval_rows(rows_1)]
+    # Only rank 0 saves. Rank 1's parameters after round 1 decide its half of round 2's samples
+    # and gradient, so round-2 rows and final weights equal to the single process's also show
+    # that the ranks stayed in sync.
+    for round_ in (1, 2):
+        assert_same_weights(final_weights(ddp, round_), final_weights(single, round_), atol=1e-5)
+    step_2 = max((final_weights(single, 2)[k] - w).abs().max().item() for k, w in final_weights(single, 1).items())
+    assert step_2 > 1e-4                                            # Adam at lr 1e-3 moved the weights
+
+
+@pytest.mark.slow
+def test_invalid_config_one_sentence(tmp_path):
+    cases = {"n_step": (["algorithm.n_step=6", "algorithm.n_group=4"], ("n_step=6", "n_group=4")),
+             "n_inference": (["algorithm.n_inference=100"], ("n_inference=100", "H * n_step")),
+             "cuda": (["device=cuda"], ("device=cuda", "GPU"))}
+    if torch.cuda.is_available():
+        del cases["cuda"]
+    for name, (overrides, words) in cases.items():
+        proc = launch(["+experiment=smoke", *overrides, f"hydra.run.dir={tmp_path / name}"], tmp_path, check=False)
+        out = proc.stdout
+        assert proc.returncode != 0, f"{overrides} was accepted:\n{out[-3000:]}"
+        assert "Traceback" not in out, out
+        lines = [line for line in out.splitlines() if line.startswith("rapid:")]
+        assert len(lines) == 1, out
+        assert all(w in lines[0] for w in words), lines[0]
+        assert not (tmp_path / name / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_multirun_sweep_dirs(tmp_path):
+    sweep = tmp_path / "sweep"
+    launch(["-m", "algorithm.H=1,2", "+experiment=smoke", "rounds=1", f"hydra.sweep.dir={sweep}"], tmp_path)
+    runs = sorted(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert len(runs) == 2, [p.name for p in runs]
+    for H, run in zip((1, 2), runs):
+        assert f"algorithm.H={H}" in run.name and "rounds=1" in run.name, run.name
+        cfg = yaml.safe_load((run / "config.yaml").read_text())
+        assert cfg["algorithm"]["H"] == H and cfg["algorithm"]["n_inference"] == 8 * H
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["rounds"] == 1 and summary["samples"] == 8 * H
+        assert [r["samples"] for r in train_rows(read_rows(run))] == [8 * H]
+
+
+@pytest.mark.slow
+def test_wandb_offline(tmp_path):
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        pytest.skip("wandb is not installed (pip install -e '.[wandb]'); logger.wandb=true cannot be tested")
+    run = tmp_path / "run"
+    wandb_home = tmp_path / "wandb_home"
+    launch(["+experiment=smoke", "rounds=1", "logger.wandb=true", f"hydra.run.dir={run}"], tmp_path,
+           WANDB_MODE="offline", WANDB_SILENT="true", WANDB_CONFIG_DIR=str(wandb_home / "config"),
+           WANDB_CACHE_DIR=str(wandb_home / "cache"), WANDB_DATA_DIR=str(wandb_home / "data"))
+    offline = list((run / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1, list((run / "wandb").iterdir()) if (run / "wandb").exists() else "no wandb/"
+    assert list(offline[0].glob("run-*.wandb")), list(offline[0].iterdir())
+    assert (run / "summary.json").exists()
