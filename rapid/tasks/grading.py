@@ -28,7 +28,7 @@ def parse_number(answer: str) -> Fraction | None:
     s = answer.strip()
     for pattern in _STRIP:
         s = re.sub(pattern, r"\1", s)
-    s = s.replace("$", "").replace("\\!", "").replace("{,}", ",").replace(" ", "").rstrip(".")
+    s = s.replace("\\$", "").replace("$", "").replace("\\!", "").replace("{,}", ",").replace(" ", "").rstrip(".")
     s = re.sub(r"(?<=\d),(?=\d{3}(\D|$))", "", s)
     frac = re.fullmatch(r"(-?)\\[dt]?frac\{(-?\d+)\}\{(-?\d+)\}", s)
     if frac:
