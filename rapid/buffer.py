@@ -9,9 +9,8 @@ it), the reward R_n and the id of its group N_k (the `n_group` completions of on
 minibatch is made of whole groups (the IW group baseline needs the current-policy weights of
 all siblings), and the order is a seeded shuffle of the groups.
 
-`collate` turns records into padded tensors laid out as [left-padded prompt | right-padded
-completion], so that every completion starts at the same column and the policy only needs
-logits for the last `C + 1` positions.
+`collate` turns whole groups into padded tensors: one left-padded prompt row per group and one
+right-padded completion row per record, so that the policy can run each shared prompt once.
 """
 from __future__ import annotations
 
@@ -33,45 +32,52 @@ class Rollout:
 
 @dataclass
 class Batch:
-    input_ids: torch.Tensor        # [B, P + C]  prompt left-padded, completion right-padded
-    attention_mask: torch.Tensor   # [B, P + C]  1 on real tokens
-    position_ids: torch.Tensor     # [B, P + C]  0.. on real tokens (left padding skipped)
-    completion_mask: torch.Tensor  # [B, C]      True on completion tokens
-    logp_mu: torch.Tensor          # [B, C]      per-token log μ (0 on padding)
+    """Whole groups of n completions; the members of a group are consecutive rows and share
+    one prompt row. Prompts are left-padded, completions right-padded, so that every
+    completion starts right after column P of its prompt."""
+    prompt_ids: torch.Tensor       # [G, P]  one prompt per group, left-padded
+    prompt_mask: torch.Tensor      # [G, P]  1 on real tokens
+    completion_ids: torch.Tensor   # [B, C]  B = G * n, right-padded
+    completion_mask: torch.Tensor  # [B, C]  True on completion tokens
+    logp_mu: torch.Tensor          # [B, C]  per-token log μ (0 on padding)
     rewards: torch.Tensor          # [B]
     group_ids: torch.Tensor        # [B]
+    group_size: int                # n
 
     def to(self, device: torch.device | str) -> "Batch":
-        return Batch(**{k: v.to(device) for k, v in self.__dict__.items()})
+        return Batch(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in self.__dict__.items()})
 
     def __len__(self) -> int:
-        return self.input_ids.shape[0]
+        return self.completion_ids.shape[0]
 
 
 def collate(rollouts: list[Rollout], pad_id: int) -> Batch:
-    """Pad a list of rollouts into a `Batch` (see the layout in the module docstring)."""
+    """Pad rollouts (whole groups, members consecutive) into a `Batch`."""
     B = len(rollouts)
-    P = max(len(r.prompt_ids) for r in rollouts)
+    n = next((i for i, r in enumerate(rollouts) if r.group_id != rollouts[0].group_id), B)
+    if B % n or any(rollouts[i].group_id != rollouts[i - i % n].group_id or
+                    rollouts[i].prompt_ids != rollouts[i - i % n].prompt_ids for i in range(B)):
+        raise ValueError("collate needs whole groups of equal size, members consecutive, sharing one prompt")
+    heads = rollouts[::n]
+    P = max(len(r.prompt_ids) for r in heads)
     C = max(max(len(r.completion_ids) for r in rollouts), 1)
-    input_ids = torch.full((B, P + C), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((B, P + C), dtype=torch.long)
+    prompt_ids = torch.full((len(heads), P), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((len(heads), P), dtype=torch.long)
+    for g, r in enumerate(heads):
+        prompt_ids[g, P - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.long)
+        prompt_mask[g, P - len(r.prompt_ids):] = 1
+    completion_ids = torch.full((B, C), pad_id, dtype=torch.long)
+    completion_mask = torch.zeros((B, C), dtype=torch.bool)
     logp_mu = torch.zeros((B, C), dtype=torch.float32)
     for i, r in enumerate(rollouts):
-        p, c = len(r.prompt_ids), len(r.completion_ids)
-        input_ids[i, P - p:P] = torch.tensor(r.prompt_ids)
-        input_ids[i, P:P + c] = torch.tensor(r.completion_ids, dtype=torch.long)
-        attention_mask[i, P - p:P + c] = 1
+        c = len(r.completion_ids)
+        completion_ids[i, :c] = torch.tensor(r.completion_ids, dtype=torch.long)
+        completion_mask[i, :c] = True
         logp_mu[i, :c] = torch.tensor(r.logp_mu, dtype=torch.float32)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    return Batch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        completion_mask=attention_mask[:, P:].bool(),
-        logp_mu=logp_mu,
-        rewards=torch.tensor([r.reward for r in rollouts], dtype=torch.float32),
-        group_ids=torch.tensor([r.group_id for r in rollouts], dtype=torch.long),
-    )
+    return Batch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
+                 completion_mask=completion_mask, logp_mu=logp_mu,
+                 rewards=torch.tensor([r.reward for r in rollouts], dtype=torch.float32),
+                 group_ids=torch.tensor([r.group_id for r in rollouts], dtype=torch.long), group_size=n)
 
 
 class ReplayBuffer:

@@ -88,24 +88,25 @@ class HFSampler:
                  temperature: float, seeds: list[int] | None = None) -> list[list[Completion]]:
         if temperature > 0 and seeds is None:
             seeds = [int(torch.randint(0, 2**62, ()).item()) for _ in prompts]
-        rows = [(i, j) for i in range(len(prompts)) for j in range(n)]
-        out: list[list[Completion]] = [[None] * n for _ in prompts]   # type: ignore[list-item]
+        per_call = max(1, self.batch_size // n)            # prompts per generate call (whole groups)
+        out: list[list[Completion]] = []
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, len(rows), self.batch_size):
-                chunk = rows[start:start + self.batch_size]
+            for start in range(0, len(prompts), per_call):
+                chunk = range(start, min(start + per_call, len(prompts)))
                 gens = None
                 if temperature > 0:
-                    gens = [torch.Generator().manual_seed(derive_seed(seeds[i], j)) for i, j in chunk]
-                for (i, j), c in zip(chunk, self._generate_rows([prompts[i] for i, _ in chunk],
-                                                                max_new_tokens, temperature, gens)):
-                    out[i][j] = c
+                    gens = [torch.Generator().manual_seed(derive_seed(seeds[i], j)) for i in chunk for j in range(n)]
+                flat = self._generate_groups([prompts[i] for i in chunk], n, max_new_tokens, temperature, gens)
+                out += [flat[k * n:(k + 1) * n] for k in range(len(chunk))]
         finally:
             self.model.train(was_training)
         return out
 
-    def _generate_rows(self, prompts, max_new_tokens, temperature, generators) -> list[Completion]:
+    def _generate_groups(self, prompts, n, max_new_tokens, temperature, generators) -> list[Completion]:
+        """n completions of each prompt. The prompts (but their last token) are run once and their
+        KV cache is repeated n times, so a group pays for its prompt once."""
         device = next(self.model.parameters()).device
         P = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), P), self.pad_id, dtype=torch.long)
@@ -113,16 +114,26 @@ class HFSampler:
         for r, p in enumerate(prompts):
             input_ids[r, P - len(p):] = torch.tensor(p)
             attention_mask[r, P - len(p):] = 1
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         recorder = _SampleAndRecord(generators, temperature)
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                                   eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
         with _autocast(device, self.autocast_dtype):
-            seqs = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                       generation_config=config, logits_processor=LogitsProcessorList([recorder]))
+            cache = None
+            if n > 1 and P > 1:
+                prefix_mask = attention_mask[:, :-1]
+                cache = self.model(input_ids=input_ids[:, :-1], attention_mask=prefix_mask,
+                                   position_ids=(prefix_mask.cumsum(-1) - 1).clamp(min=0),
+                                   use_cache=True).past_key_values
+                cache.batch_repeat_interleave(n)
+            seqs = self.model.generate(input_ids=input_ids.repeat_interleave(n, 0),
+                                       attention_mask=attention_mask.repeat_interleave(n, 0),
+                                       past_key_values=cache, generation_config=config,
+                                       logits_processor=LogitsProcessorList([recorder]))
         new = seqs[:, P:].cpu()
-        logps = torch.stack(recorder.logprobs, dim=1).cpu() if recorder.logprobs else torch.zeros(len(prompts), 0)
+        logps = torch.stack(recorder.logprobs, dim=1).cpu() if recorder.logprobs else torch.zeros(len(new), 0)
         completions = []
-        for r in range(len(prompts)):
+        for r in range(len(new)):
             ids = new[r].tolist()
             stop = next((t for t, tok in enumerate(ids) if tok in self.eos_ids), None)
             length = len(ids) if stop is None else stop + 1

@@ -46,7 +46,7 @@ from rapid.evaluate import evaluate
 from rapid.iw_grpg import iw_grpg_loss, sequence_logprobs
 from rapid.logger import MetricsLogger
 from rapid.models import ModelLoadError, load_model_and_tokenizer
-from rapid.policy import accumulate_gradients
+from rapid.policy import CompletionLogprobs, accumulate_gradients
 from rapid.sampler import make_sampler
 from rapid.seeding import derive_seed
 from rapid.tasks import get_task
@@ -121,7 +121,9 @@ def train(cfg: DictConfig) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(o.schedule, o.warmup_steps, cfg.rounds * a.H))
-    policy = DistributedDataParallel(model) if world > 1 else model
+    policy = CompletionLogprobs(model, temperature, share_prompt=not cfg.model.gradient_checkpointing)
+    if world > 1:
+        policy = DistributedDataParallel(policy)
     stream = PromptStream(len(train_records), derive_seed(cfg.seed, 2))
     start_round, elapsed0 = 0, 0.0
     if resume_from is not None:
@@ -182,7 +184,7 @@ def train(cfg: DictConfig) -> dict:
         steps = []
         for minibatch in buffer.minibatches(a.n_step // world, shuffle):
             stats = accumulate_gradients(policy, minibatch, loss_fn, micro_batch=cfg.train.micro_batch,
-                                         pad_id=sampler.pad_id, temperature=temperature, device=device,
+                                         pad_id=sampler.pad_id, device=device,
                                          compute_dtype=compute_dtype)
             stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip).item()
             stats["lr"] = scheduler.get_last_lr()[0]

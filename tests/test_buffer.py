@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from rapid.buffer import ReplayBuffer, Rollout, collate
@@ -54,12 +55,17 @@ def test_minibatches_reject_bad_sizes():
 
 
 def test_collate_layout():
-    a = Rollout(prompt_ids=[5, 6, 7], completion_ids=[8, 9], logp_mu=[-1.0, -2.0], reward=1.0, group_id=3, truncated=False)
-    b = Rollout(prompt_ids=[5], completion_ids=[8, 9, 10], logp_mu=[-1.0, -2.0, -3.0], reward=0.0, group_id=3, truncated=True)
-    batch = collate([a, b], pad_id=0)
-    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9, 0], [0, 0, 5, 8, 9, 10]]
-    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
-    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4, 4], [0, 0, 0, 1, 2, 3]]
-    assert batch.completion_mask.tolist() == [[True, True, False], [True, True, True]]
-    assert batch.logp_mu.tolist() == [[-1.0, -2.0, 0.0], [-1.0, -2.0, -3.0]]
-    assert batch.rewards.tolist() == [1.0, 0.0] and batch.group_ids.tolist() == [3, 3]
+    mk = lambda p, c, gid: Rollout(prompt_ids=p, completion_ids=c, logp_mu=[-1.0 * (t + 1) for t in range(len(c))],
+                                   reward=float(len(c)), group_id=gid, truncated=False)
+    records = [mk([5, 6, 7], [8, 9], 3), mk([5, 6, 7], [8], 3), mk([5], [8, 9, 10], 4), mk([5], [11], 4)]
+    batch = collate(records, pad_id=0)
+    assert batch.group_size == 2
+    assert batch.prompt_ids.tolist() == [[5, 6, 7], [0, 0, 5]]             # one left-padded row per group
+    assert batch.prompt_mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert batch.completion_ids.tolist() == [[8, 9, 0], [8, 0, 0], [8, 9, 10], [11, 0, 0]]
+    assert batch.completion_mask.tolist() == [[True, True, False], [True, False, False],
+                                              [True, True, True], [True, False, False]]
+    assert batch.logp_mu.tolist() == [[-1.0, -2.0, 0.0], [-1.0, 0.0, 0.0], [-1.0, -2.0, -3.0], [-1.0, 0.0, 0.0]]
+    assert batch.rewards.tolist() == [2.0, 1.0, 3.0, 1.0] and batch.group_ids.tolist() == [3, 3, 4, 4]
+    with pytest.raises(ValueError, match="whole groups"):
+        collate(records[:3], pad_id=0)                                      # a split group

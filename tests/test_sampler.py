@@ -3,7 +3,7 @@ import math
 import torch
 
 from rapid.buffer import Rollout, collate
-from rapid.policy import completion_logprobs
+from rapid.policy import CompletionLogprobs, completion_logprobs
 from rapid.sampler import HFSampler
 from tests.helpers import encode, tiny_model
 
@@ -32,7 +32,7 @@ def test_generate_shapes_finish_reasons_and_logprobs_match_trainer():
     records = [Rollout(p, c.token_ids, c.logprobs, 0.0, i, False) for i, (p, g) in enumerate(zip(prompts, out)) for c in g]
     batch = collate(records, tok.pad_token_id)
     with torch.no_grad():
-        trainer = completion_logprobs(model, batch, 1.0)
+        trainer = completion_logprobs(CompletionLogprobs(model, 1.0), batch)
     diff = (trainer - batch.logp_mu).abs()[batch.completion_mask]
     assert diff.max() < 1e-4
 

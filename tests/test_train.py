@@ -66,9 +66,8 @@ def env_for(tmp: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def launch(args: list[str], tmp: Path, *, shaped: bool = False, nproc: int = 1, check: bool = True,
-           **env: str) -> subprocess.CompletedProcess:
-    """Run rapid.train with Hydra `args` (stdout and stderr together in .stdout)."""
+def command(args: list[str], tmp: Path, *, shaped: bool = False, nproc: int = 1) -> list[str]:
+    """argv of `python -m rapid.train <args>` (through SHAPED_LAUNCHER if `shaped`, torchrun if nproc > 1)."""
     if shaped:
         launcher = tmp / "shaped_launcher.py"
         launcher.write_text(SHAPED_LAUNCHER)
@@ -78,11 +77,34 @@ def launch(args: list[str], tmp: Path, *, shaped: bool = False, nproc: int = 1, 
     if nproc > 1:
         entry = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                  *(entry if shaped else ["--module", "rapid.train"])]
-    proc = subprocess.run([sys.executable, *entry, *args], cwd=REPO, env=env_for(tmp, **env), text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S)
+    return [sys.executable, *entry, *args]
+
+
+def launch(args: list[str], tmp: Path, *, shaped: bool = False, nproc: int = 1, check: bool = True,
+           **env: str) -> subprocess.CompletedProcess:
+    """Run rapid.train with Hydra `args` (stdout and stderr together in .stdout)."""
+    proc = subprocess.run(command(args, tmp, shaped=shaped, nproc=nproc), cwd=REPO, env=env_for(tmp, **env),
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S)
     if check and proc.returncode != 0:
         pytest.fail(f"rapid.train {' '.join(args)} exited with {proc.returncode}:\n{proc.stdout[-6000:]}")
     return proc
+
+
+def launch_all(cases: dict[str, list[str]], tmp: Path) -> dict[str, tuple[int, str]]:
+    """Run several short (failing) launches at once: {name: (exit code, stdout + stderr)}."""
+    procs = {name: subprocess.Popen(command(args, tmp), cwd=REPO, env=env_for(tmp), text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for name, args in cases.items()}
+    return {name: (p.communicate(timeout=TIMEOUT_S)[0], p.returncode)[::-1] for name, p in procs.items()}
+
+
+def assert_one_sentence_error(code: int, out: str, words: tuple[str, ...]) -> None:
+    """Exit code != 0, one `rapid: ...` line naming `words`, and no stack trace."""
+    assert code != 0, f"the run was accepted:\n{out[-3000:]}"
+    assert "Traceback" not in out, out[-3000:]
+    lines = [line for line in out.splitlines() if line.startswith("rapid:")]
+    assert len(lines) == 1, out[-3000:]
+    assert all(w in lines[0] for w in words), lines[0]
 
 
 def read_rows(run_dir: Path) -> list[dict]:
@@ -251,15 +273,27 @@ def test_invalid_config_one_sentence(tmp_path):
              "cuda": (["device=cuda"], ("device=cuda", "GPU"))}
     if torch.cuda.is_available():
         del cases["cuda"]
+    results = launch_all({name: ["+experiment=smoke", *overrides, f"hydra.run.dir={tmp_path / name}"]
+                          for name, (overrides, _) in cases.items()}, tmp_path)
     for name, (overrides, words) in cases.items():
-        proc = launch(["+experiment=smoke", *overrides, f"hydra.run.dir={tmp_path / name}"], tmp_path, check=False)
-        out = proc.stdout
-        assert proc.returncode != 0, f"{overrides} was accepted:\n{out[-3000:]}"
-        assert "Traceback" not in out, out
-        lines = [line for line in out.splitlines() if line.startswith("rapid:")]
-        assert len(lines) == 1, out
-        assert all(w in lines[0] for w in words), lines[0]
-        assert not (tmp_path / name / "metrics.jsonl").exists()
+        assert_one_sentence_error(*results[name], words)
+        assert not (tmp_path / name / "metrics.jsonl").exists(), overrides
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="get_task, arithmetic.load and make_sampler raise ValueError, not "
+                                       "ConfigError, so train.main prints a traceback (see the test's docstring)")
+def test_invalid_task_or_sampler_one_sentence(tmp_path):
+    """Fix: raise rapid.config.ConfigError (a ValueError) instead of ValueError in
+    rapid/tasks/__init__.py get_task, rapid/tasks/arithmetic.py load (both raises) and
+    rapid/sampler.py make_sampler; train.main already turns ConfigError into one `rapid:` line."""
+    cases = {"n_eval": (["task.n_eval=100"], ("task.n_eval=100",)),
+             "task": (["task.name=nope"], ("nope",)),
+             "sampler": (["sampler.name=nope"], ("nope",))}
+    results = launch_all({name: ["+experiment=smoke", *overrides, f"hydra.run.dir={tmp_path / name}"]
+                          for name, (overrides, _) in cases.items()}, tmp_path)
+    for name, (_, words) in cases.items():
+        assert_one_sentence_error(*results[name], words)
 
 
 @pytest.mark.slow
@@ -290,5 +324,44 @@ def test_wandb_offline(tmp_path):
            WANDB_CACHE_DIR=str(wandb_home / "cache"), WANDB_DATA_DIR=str(wandb_home / "data"))
     offline = list((run / "wandb").glob("offline-run-*"))
     assert len(offline) == 1, list((run / "wandb").iterdir()) if (run / "wandb").exists() else "no wandb/"
-    assert list(offline[0].glob("run-*.wandb")), list(offline[0].iterdir())
-    assert (run / "summary.json").exists()
+    records = list(offline[0].glob("run-*.wandb"))
+    assert len(records) == 1, list(offline[0].iterdir())
+    data = records[0].read_bytes()          # protobuf records: keys are stored as plain strings
+    for key in ("train/reward_mean", "iw/staleness", "eval/accuracy", "n_inference"):
+        assert key.encode() in data, f"{key} was not logged to wandb"
+    assert json.loads((run / "summary.json").read_text())["rounds"] == 1
+
+
+@pytest.mark.slow
+def test_training_raises_a_learnable_reward(tmp_path):
+    """The whole loop climbs the reward: with "contains a digit" as the reward, RAPID (H = 2, so
+    the second step of every round is off-policy) takes the random model from about half of
+    its samples rewarded to nearly all within 10 rounds (1.0 on this machine), and greedy
+    decoding follows. A sign error anywhere on the gradient path drives it to ~0 instead."""
+    run = tmp_path / "run"
+    launch(["+experiment=smoke", "rounds=10", "algorithm.n_step=16", "optim.lr=1e-2", "eval.every=0",
+            "ckpt.every=0", f"hydra.run.dir={run}"], tmp_path, shaped=True)
+    rewards = [r["train/reward_mean"] for r in train_rows(read_rows(run))]
+    assert len(rewards) == 10
+    assert 0.3 < rewards[0] < 0.8                                    # the random model: about half
+    late = sum(rewards[-3:]) / 3
+    assert late >= 0.85 and late >= rewards[0] + 0.25, rewards
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["eval/accuracy_after"] > summary["eval/accuracy_before"], summary
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="resuming a finished run logs the final evaluation a second time "
+                                       "(see the test's docstring)")
+def test_resume_of_finished_run_adds_no_rows(tmp_path):
+    """The final eval row (round = rounds) is logged after the last checkpoint, so MetricsLogger
+    keeps it on resume (it keeps round <= checkpoint round) and train() logs it again.
+    Fix (rapid/train.py): run the final evaluation inside the loop before the last checkpoint
+    (`if last: final = run_eval(cfg.rounds)` ahead of `checkpoint.save`), and after the loop
+    only run it when the loop did not (start_round == cfg.rounds: take the last eval row)."""
+    run = tmp_path / "run"
+    launch(["+experiment=smoke", "rounds=1", f"hydra.run.dir={run}"], tmp_path)
+    before = read_rows(run)
+    launch([f"resume={run}", f"hydra.run.dir={tmp_path / 'resume_hydra'}"], tmp_path)
+    after = read_rows(run)
+    assert [(r["round"], "eval/accuracy" in r) for r in after] == [(r["round"], "eval/accuracy" in r) for r in before]
