@@ -40,6 +40,14 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def all_reduce_max(value: float, device: torch.device) -> float:
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -24,6 +24,7 @@ from typing import Protocol
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+from rapid.config import ConfigError
 from rapid.seeding import derive_seed
 
 
@@ -160,4 +161,4 @@ def make_sampler(name: str, model: torch.nn.Module, tokenizer, batch_size: int,
                  autocast_dtype: torch.dtype | None) -> Sampler:
     if name == "hf":
         return HFSampler(model, tokenizer, batch_size=batch_size, autocast_dtype=autocast_dtype)
-    raise ValueError(f"unknown sampler '{name}': choose sampler=hf")
+    raise ConfigError(f"unknown sampler '{name}': choose sampler=hf")

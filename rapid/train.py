@@ -41,7 +41,7 @@ from rapid import checkpoint, distributed
 from rapid.buffer import ReplayBuffer, Rollout
 from rapid.config import DTYPES, ConfigError, register_resolvers, validate
 from rapid.data import PromptStream
-from rapid.distributed import all_reduce_sum, print0
+from rapid.distributed import all_reduce_max, all_reduce_sum, print0
 from rapid.evaluate import evaluate
 from rapid.iw_grpg import iw_grpg_loss, sequence_logprobs
 from rapid.logger import MetricsLogger
@@ -94,6 +94,9 @@ def train(cfg: DictConfig) -> dict:
         if resume_from is None:
             raise ConfigError(f"resume={cfg.resume} holds no checkpoint (checkpoints/round_*/state.pt): "
                               "point it at the directory of a run that saved one")
+        ignored = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
+        if ignored:
+            print0(f"resume continues with the run's saved config; ignoring {' '.join(ignored)}")
         cfg = checkpoint.load_config(resume_from)   # the run continues with the config it started with
     rank, world, device = distributed.init(cfg.device)
     validate(cfg, world)
@@ -104,7 +107,7 @@ def train(cfg: DictConfig) -> dict:
     if distributed.is_main():
         run_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-        (run_dir / "meta.json").write_text(json.dumps(
+        (run_dir / ("meta_resume.json" if resume_from else "meta.json")).write_text(json.dumps(
             {"git_commit": git_commit(), "argv": sys.argv, "world_size": world, "device": str(device),
              "torch": torch.__version__}, indent=2))
     print0(OmegaConf.to_yaml(cfg, resolve=True))
@@ -141,13 +144,14 @@ def train(cfg: DictConfig) -> dict:
         return iw_grpg_loss(logp, logp_mu, batch.rewards, batch.group_ids, eta=a.eta,
                             leave_one_out=a.leave_one_out, normalizer=normalizer)
 
-    def run_eval(round_: int) -> dict:
+    def run_eval(round_: int, log: bool = True) -> dict:
         t0 = time.perf_counter()
         row = evaluate(sampler, task, eval_records, eval_prompts, max_new_tokens=t.max_new_tokens,
                        temperature=cfg.eval.temperature, rank=rank, world=world, device=device,
                        seed=derive_seed(cfg.seed, 3))
         row = {"round": round_, **row, "time/eval_s": time.perf_counter() - t0}
-        logger.log(row)
+        if log:
+            logger.log(row)
         print0(f"eval @ round {round_}: accuracy {row['eval/accuracy']:.3f} on {row['eval/n']} problems")
         return row
 
@@ -206,7 +210,7 @@ def train(cfg: DictConfig) -> dict:
         row = {"round": round_ + 1, "samples": (round_ + 1) * a.n_inference, "epoch": stream.epoch + stream.pos / len(train_records),
                "train/reward_mean": sums[1] / n, "train/accuracy": sums[2] / n, "train/completion_len": sums[3] / n,
                "train/truncated_frac": sums[4] / n, "iw/clip_frac": sums[5] / world, "iw/staleness": sums[6] / world,
-               "iw/mean": sums[7] / world, "iw/max": max(s["iw_max"] for s in steps), "train/loss": sums[8] / world,
+               "iw/mean": sums[7] / world, "iw/max": all_reduce_max(max(s["iw_max"] for s in steps), device), "train/loss": sums[8] / world,
                "train/grad_norm": steps[-1]["grad_norm"], "train/lr": steps[-1]["lr"],
                "time/generate_s": t1 - t0, "time/reward_s": t2 - t1, "time/train_s": t3 - t2, "time/sync_s": t4 - t3,
                "time/round_s": t4 - t0, "sampler/tokens_per_s": n_tokens / max(t1 - t0, 1e-9) * world,
@@ -215,15 +219,16 @@ def train(cfg: DictConfig) -> dict:
         bar.set_postfix(reward=f"{row['train/reward_mean']:.3f}", clip=f"{row['iw/clip_frac']:.2f}",
                         stale=f"{row['iw/staleness']:.3f}", s_round=f"{row['time/round_s']:.1f}")
         last = round_ + 1 == cfg.rounds
-        if cfg.eval.every and (round_ + 1) % cfg.eval.every == 0 and not last:
-            run_eval(round_ + 1)
+        if (cfg.eval.every and (round_ + 1) % cfg.eval.every == 0) or last:
+            final = run_eval(round_ + 1)
         if (cfg.ckpt.every and (round_ + 1) % cfg.ckpt.every == 0) or last:
             if distributed.is_main():
                 checkpoint.save(run_dir, round_ + 1, model, tokenizer, optimizer, scheduler, stream, cfg,
                                 elapsed_s=time.perf_counter() - t_start, keep=cfg.ckpt.keep)
     bar.close()
     # ---------------------------------------------------------------- final evaluation and summary
-    final = run_eval(cfg.rounds)
+    if start_round == cfg.rounds:   # resumed a finished run: report, log nothing new
+        final = run_eval(cfg.rounds, log=False)
     rows = logger.rows() if distributed.is_main() else []
     evals = [r for r in rows if "eval/accuracy" in r]
     train_rows = [r for r in rows if "train/reward_mean" in r]

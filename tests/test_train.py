@@ -196,7 +196,7 @@ def test_smoke_run_writes_config_metrics_summary(tmp_path):
 
 @pytest.mark.slow
 def test_resume_reproduces_uninterrupted_run(tmp_path):
-    overrides = ["+experiment=smoke", "rounds=4", "ckpt.every=2", "ckpt.keep=5", "optim.lr=1e-3"]
+    overrides = ["+experiment=smoke", "device=cpu", "rounds=4", "ckpt.every=2", "ckpt.keep=5", "optim.lr=1e-3"]
     run_a = tmp_path / "a"
     launch([*overrides, f"hydra.run.dir={run_a}"], tmp_path, shaped=True)
     rows_a = read_rows(run_a)
@@ -235,7 +235,7 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
 def test_ddp_two_ranks_match_single_process(tmp_path):
     # H = 1: one gradient step per round on the whole round (16 records, 4 prompts); on 2 ranks
     # each takes 2 prompts and 2 micro-batches of one group; DDP averages the two halves.
-    overrides = ["+experiment=smoke", "algorithm.H=1", "algorithm.n_step=16", "train.micro_batch=4",
+    overrides = ["+experiment=smoke", "device=cpu", "algorithm.H=1", "algorithm.n_step=16", "train.micro_batch=4",
                  "optim.lr=1e-3", "rounds=2", "ckpt.every=1", "ckpt.keep=2"]
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     launch([*overrides, f"hydra.run.dir={single}"], tmp_path, shaped=True)
@@ -281,12 +281,8 @@ def test_invalid_config_one_sentence(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="get_task, arithmetic.load and make_sampler raise ValueError, not "
-                                       "ConfigError, so train.main prints a traceback (see the test's docstring)")
 def test_invalid_task_or_sampler_one_sentence(tmp_path):
-    """Fix: raise rapid.config.ConfigError (a ValueError) instead of ValueError in
-    rapid/tasks/__init__.py get_task, rapid/tasks/arithmetic.py load (both raises) and
-    rapid/sampler.py make_sampler; train.main already turns ConfigError into one `rapid:` line."""
+    """Unknown task, unknown sampler and an impossible eval split stop with one `rapid:` line."""
     cases = {"n_eval": (["task.n_eval=100"], ("task.n_eval=100",)),
              "task": (["task.name=nope"], ("nope",)),
              "sampler": (["sampler.name=nope"], ("nope",))}
@@ -339,7 +335,7 @@ def test_training_raises_a_learnable_reward(tmp_path):
     its samples rewarded to nearly all within 10 rounds (1.0 on this machine), and greedy
     decoding follows. A sign error anywhere on the gradient path drives it to ~0 instead."""
     run = tmp_path / "run"
-    launch(["+experiment=smoke", "rounds=10", "algorithm.n_step=16", "optim.lr=1e-2", "eval.every=0",
+    launch(["+experiment=smoke", "device=cpu", "rounds=10", "algorithm.n_step=16", "optim.lr=1e-2", "eval.every=0",
             "ckpt.every=0", f"hydra.run.dir={run}"], tmp_path, shaped=True)
     rewards = [r["train/reward_mean"] for r in train_rows(read_rows(run))]
     assert len(rewards) == 10
@@ -351,14 +347,8 @@ def test_training_raises_a_learnable_reward(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="resuming a finished run logs the final evaluation a second time "
-                                       "(see the test's docstring)")
 def test_resume_of_finished_run_adds_no_rows(tmp_path):
-    """The final eval row (round = rounds) is logged after the last checkpoint, so MetricsLogger
-    keeps it on resume (it keeps round <= checkpoint round) and train() logs it again.
-    Fix (rapid/train.py): run the final evaluation inside the loop before the last checkpoint
-    (`if last: final = run_eval(cfg.rounds)` ahead of `checkpoint.save`), and after the loop
-    only run it when the loop did not (start_round == cfg.rounds: take the last eval row)."""
+    """Resuming a run that already finished re-reports its final evaluation but logs no new rows."""
     run = tmp_path / "run"
     launch(["+experiment=smoke", "rounds=1", f"hydra.run.dir={run}"], tmp_path)
     before = read_rows(run)

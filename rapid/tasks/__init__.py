@@ -5,10 +5,12 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from rapid.config import ConfigError
+
 TASKS = ("arithmetic",)
 
 
 def get_task(name: str) -> ModuleType:
     if name not in TASKS:
-        raise ValueError(f"unknown task '{name}': choose one of {', '.join(TASKS)}")
+        raise ConfigError(f"unknown task '{name}': choose one of {', '.join(TASKS)}")
     return importlib.import_module(f"rapid.tasks.{name}")

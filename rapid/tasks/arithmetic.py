@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import random
 
+from rapid.config import ConfigError
 from rapid.tasks.grading import boxed_number_reward
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -20,13 +21,13 @@ def load(split: str, low: int = 0, high: int = 9, ops: tuple[str, ...] = ("+",),
          seed: int = 1234, **_) -> list[dict]:
     """Records {"question", "answer", "a", "b", "op"} of the 'train' or 'test' split."""
     if split not in ("train", "test"):
-        raise ValueError(f"unknown split '{split}' for task arithmetic: use 'train' or 'test'")
+        raise ConfigError(f"unknown split '{split}' for task arithmetic: use 'train' or 'test'")
     unknown = set(ops) - set(_OPS)
     if unknown:
-        raise ValueError(f"unknown operators {sorted(unknown)} in task.ops: choose from {sorted(_OPS)}")
+        raise ConfigError(f"unknown operators {sorted(unknown)} in task.ops: choose from {sorted(_OPS)}")
     problems = [(a, op, b) for op in ops for a, b in itertools.product(range(low, high + 1), repeat=2)]
     if n_eval >= len(problems):
-        raise ValueError(f"task.n_eval={n_eval} leaves no training problems out of {len(problems)}: "
+        raise ConfigError(f"task.n_eval={n_eval} leaves no training problems out of {len(problems)}: "
                          "widen task.low/task.high or lower task.n_eval")
     random.Random(seed).shuffle(problems)
     chosen = problems[:n_eval] if split == "test" else problems[n_eval:]
