@@ -126,7 +126,7 @@ def train(cfg: DictConfig) -> dict:
         optimizer, lr_lambda(o.schedule, o.warmup_steps, cfg.rounds * a.H))
     policy = CompletionLogprobs(model, temperature, share_prompt=not cfg.model.gradient_checkpointing)
     if world > 1:
-        policy = DistributedDataParallel(policy)
+        policy = DistributedDataParallel(policy, device_ids=[device.index] if device.type == "cuda" else None)
     stream = PromptStream(len(train_records), derive_seed(cfg.seed, 2))
     start_round, elapsed0 = 0, 0.0
     if resume_from is not None:

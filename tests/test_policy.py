@@ -71,3 +71,20 @@ def test_micro_batches_and_shared_prompts_equal_full_minibatch():
         for key in ("loss", "clip_frac", "staleness", "iw_mean", "iw_max"):
             assert s[key] == pytest.approx(stats[0][key], rel=1e-5, abs=1e-7), key
     assert 0 < stats[0]["clip_frac"] < 1     # some weights above eta, not all
+
+
+def test_gradient_checkpointing_gives_the_same_gradient():
+    model, tok = tiny_model()
+    records = make_rollouts(tok, n_groups=2)
+    loss_fn = lambda token_logp, batch, normalizer: ((token_logp.sum(-1) * batch.rewards).sum() / normalizer, {})
+    grads = []
+    for checkpointing in (False, True):
+        m = copy.deepcopy(model).train()
+        if checkpointing:
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        accumulate_gradients(CompletionLogprobs(m, 1.0, share_prompt=not checkpointing), records, loss_fn,
+                             micro_batch=4, pad_id=tok.pad_token_id, device=torch.device("cpu"),
+                             compute_dtype=torch.float32)
+        grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+    assert grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[1], grads[0], atol=2e-6, rtol=1e-4)
