@@ -1,8 +1,21 @@
-"""Answer extraction and comparison shared by the tasks graded on a final \\boxed{} answer."""
+"""Answer extraction and comparison shared by the tasks graded on a final \\boxed{} answer:
+`last_boxed`, `parse_number` (exact numbers as fractions), `boxed_number_reward`, and `SYMBOLIC`,
+a time-bounded math-verify (sympy) equivalence check that is safe in threads and worker processes."""
 from __future__ import annotations
 
+import atexit
+import importlib.util
+import json
+import os
 import re
+import select
+import subprocess
+import sys
+import threading
+import time
 from fractions import Fraction
+
+from rapid.config import ConfigError
 
 
 def last_boxed(text: str) -> str | None:
@@ -47,3 +60,85 @@ def boxed_number_reward(completion: str, answer: str) -> float:
         return 0.0
     got, want = parse_number(boxed), parse_number(answer)
     return float(got is not None and want is not None and got == want)
+
+
+# --- Symbolic equivalence (math-verify, i.e. sympy), bounded in time --------------------------------
+# math-verify's own timeouts use signal.alarm, which works only in the main thread of a process. We
+# disable them and run the check in a long-lived child interpreter instead: one per process, started
+# on first use, fed one JSON line per check; a check that overruns its time kills the child (the next
+# check starts a fresh one) and counts as "not equal". A subprocess (not multiprocessing) is used so
+# that this works in threads, in daemonic pool workers and after fork.
+_SYMBOLIC_SERVER = r"""
+import json, logging, sys
+logging.disable(logging.CRITICAL)
+from math_verify import parse, verify
+sys.stdout.write("ready\n"); sys.stdout.flush()
+for line in sys.stdin:
+    gold, pred = json.loads(line)
+    try:
+        ok = verify(parse(gold, parsing_timeout=None), parse(pred, parsing_timeout=None), timeout_seconds=None)
+    except Exception:
+        ok = False
+    sys.stdout.write("1\n" if ok else "0\n"); sys.stdout.flush()
+"""
+
+
+class SymbolicChecker:
+    """`equal(gold, pred, timeout_s)`: math-verify's verdict on two LaTeX answers, False on timeout."""
+
+    def __init__(self, startup_timeout_s: float = 120.0):
+        self.startup_timeout_s = startup_timeout_s
+        self._proc: subprocess.Popen | None = None
+        self._pid = 0                        # the process that started self._proc (reset after fork)
+        self._lock = threading.Lock()
+        self.timeouts = 0                    # checks that ran out of time in this process
+
+    def equal(self, gold: str, pred: str, timeout_s: float) -> bool:
+        with self._lock:
+            proc = self._server()
+            try:
+                os.write(proc.stdin.fileno(), (json.dumps([f"${gold}$", f"${pred}$"]) + "\n").encode())
+                line = self._readline(proc, timeout_s)
+            except OSError:
+                line = None
+            if line is None:
+                self.timeouts += 1
+                self.close()
+            return line == "1"
+
+    def close(self) -> None:
+        if self._proc is not None and self._pid == os.getpid():
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+
+    def _server(self) -> subprocess.Popen:
+        if self._proc is not None and self._pid == os.getpid() and self._proc.poll() is None:
+            return self._proc
+        if importlib.util.find_spec("math_verify") is None:
+            raise ConfigError("symbolic answer checking needs math-verify: pip install math-verify")
+        self._proc = subprocess.Popen([sys.executable, "-I", "-c", _SYMBOLIC_SERVER], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._pid = os.getpid()
+        if self._readline(self._proc, self.startup_timeout_s) != "ready":
+            self.close()
+            raise RuntimeError("the math-verify checker process did not start")
+        return self._proc
+
+    @staticmethod
+    def _readline(proc: subprocess.Popen, timeout_s: float) -> str | None:
+        """One line from the child's stdout within `timeout_s` seconds, else None."""
+        fd, data, deadline = proc.stdout.fileno(), b"", time.monotonic() + timeout_s
+        while not data.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 64)
+            if not chunk:
+                return None
+            data += chunk
+        return data.decode().strip()
+
+
+SYMBOLIC = SymbolicChecker()
+atexit.register(SYMBOLIC.close)

@@ -1,0 +1,231 @@
+"""MBPP+: the split, code extraction, EvalPlus's output comparison, real tasks, and the sandbox
+against programs that try to fake success or do harm."""
+import collections
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from rapid.config import ConfigError
+from rapid.tasks import mbpp_plus as task
+from rapid.tasks import sandbox
+
+DATA = Path(__file__).parents[2] / "shared" / "data"      # ../shared/data beside the checkout
+TOY = {"task_id": "Mbpp/9999", "entry_point": "add", "canonical_solution": "def add(a, b):\n    return a + b\n",
+       "base_input": [[1, 2], [3, 4]], "plus_input": [[10 ** 20, 1], [-5, 5]], "atol": 0,
+       "grading": {"timeout_s": 2.0, "memory_mb": 512}}
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAPID_CACHE", str(tmp_path / "cache"))
+
+
+def records_by_id():
+    path = DATA / "mbpp_plus" / "test.jsonl"
+    if not path.is_file():
+        pytest.skip(f"benchmark data not found at {DATA} (the ../shared/data folder beside the checkout)")
+    return {r["task_id"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+def fenced(code):
+    return f"Here you go:\n```python\n{code}\n```\nDone."
+
+
+# --- pure parts ------------------------------------------------------------------------------------------
+def test_tagged_json_round_trip_and_refusals():
+    value = [(1, "a"), {2, 3}, frozenset({4}), 1.5, float("inf"), -float("inf"), 2 + 3j, None, True, b"\x00",
+             {(1, 2): [3], "k": {5: 6}}, 10 ** 30]
+    wire = json.loads(json.dumps(sandbox.encode(value)))
+    assert sandbox.decode(wire) == value
+    assert math.isnan(sandbox.decode(sandbox.encode(float("nan"))))
+    Point = collections.namedtuple("Point", "x y")
+    assert sandbox.decode(sandbox.encode(collections.Counter("aab"))) == {"a": 2, "b": 1}
+    assert type(sandbox.decode(sandbox.encode(Point(1, 2)))) is tuple        # behaviour never travels
+
+    class Liar(int):
+        def __eq__(self, other):
+            return True
+    for bad in (object(), Liar(3), iter([1]), lambda: 1):
+        with pytest.raises(TypeError):
+            sandbox.encode(bad)
+    for bad in ({"a": 1}, {"tuple": 3}, {"float": "1.0"}, {"complex": ["1", 2.0]}, {"x": 1, "y": 2}):
+        with pytest.raises(ValueError):
+            sandbox.decode(bad)
+
+
+@pytest.mark.parametrize("completion, code", [
+    ("```python\ndef f(): return 1\n```", "def f(): return 1\n"),
+    ("```py\nx\n```\ntext\n```python\nlast\n```", "last\n"),              # the last python block
+    ("```python\ndef f():\n    return 1", "def f():\n    return 1"),      # unclosed final block
+    ("```\nbare\n```", "bare\n"),
+    ("def f(): return 2\n```\nExplanation", "def f(): return 2\n"),       # the prompt opened the fence
+    ("def f(): return 3", "def f(): return 3"),
+])
+def test_extract_code(completion, code):
+    assert task.extract_code(completion) == code
+
+
+def test_split_is_264_114_disjoint_and_seeded():
+    ids = [f"Mbpp/{i}" for i in range(378)]
+    split = task.split_ids(ids, split_seed=0)
+    assert (len(split["train"]), len(split["test"])) == (264, 114)
+    assert sorted(split["train"] + split["test"]) == sorted(ids)
+    assert split == task.split_ids(list(reversed(ids)), split_seed=0)       # order of the file is irrelevant
+    assert split["test"] != task.split_ids(ids, split_seed=1)["test"]
+
+
+def test_deserialize_restores_types():
+    assert task.deserialize(2, [[3, 4], [5]]) == [(3, 4), (5,)]
+    assert task.deserialize(124, ["0", "1j"]) == [0.0, 1j] and task.deserialize(252, ["(1+2j)"]) == [1 + 2j]
+    assert task.deserialize(722, [{"a": [6.2, 70]}, 6.0, 70]) == [{"a": (6.2, 70)}, 6.0, 70]
+    assert task.deserialize(580, [[4, [7, [2]]]]) == [(4, (7, (2,)))]
+    assert task.deserialize(75, [[[6, 24]], 6]) == [[(6, 24)], 6]
+    assert task.deserialize(11, [[1, 2]]) == [[1, 2]]
+
+
+@pytest.mark.parametrize("out, exp, args, entry, atol, ok", [
+    (3, 3, [], "f", 0, True),
+    (True, 1, [], "f", 0, True),                               # Python equality, as EvalPlus
+    (0.1 + 0.2, 0.3, [], "f", 0, True),                        # atol 0 on floats means 1e-6
+    (0.3 + 2e-6, 0.3, [], "f", 0, False),
+    ([1.0, 2.0000001], [1.0, 2.0], [], "f", 0, True),
+    (3, 3.0000001, [], "f", 0, False),                         # int vs float: types must agree
+    (1.00005, 1.0, [], "f", 1e-4, True),                       # the task's own atol
+    ((4, 5), (5, 4), [], "similar_elements", 0, True),         # set-equality entry points
+    ((4, 5), (5, 6), [], "similar_elements", 0, False),
+    ([[1]], [[1]], [], "Diff", 0, False),                      # unhashable: set() fails, the test fails
+    (True, True, [], "check_str", 0, True),                    # not-None oracle (sent as bools)
+    (False, True, [], "check_str", 0, False),
+    (33, 33, [3, 4], "surface_Area", 0, True),
+    (round(9 + 6 * math.sqrt(2.25 + 16)), 33, [3, 4], "surface_Area", 0, True),   # Mbpp/581 custom oracle
+    (34, 33, [3, 4], "surface_Area", 0, False),
+    (8, 9, [123, 4567], "digit_distance_nums", 0, False),
+    (4 + 4 + 4 + 4, 9, [123, 4567], "digit_distance_nums", 0, True),               # Mbpp/558 zero padding
+    ("3", 3, [], "f", 0, False),
+])
+def test_outputs_match(out, exp, args, entry, atol, ok):
+    assert task.outputs_match(out, exp, args, entry, atol) is ok
+
+
+# --- real tasks ------------------------------------------------------------------------------------------
+SAMPLE = ["Mbpp/2", "Mbpp/88", "Mbpp/124", "Mbpp/252", "Mbpp/558", "Mbpp/581", "Mbpp/737", "Mbpp/722", "Mbpp/793",
+          "Mbpp/17"]
+
+
+def test_canonical_solutions_score_one_and_wrong_ones_zero():
+    records = records_by_id()
+    for task_id in SAMPLE:
+        record = {**records[task_id], "grading": {"timeout_s": 20.0}}
+        assert task.reward(fenced(record["canonical_solution"]), record) == 1.0, task_id
+    wrong = {**records["Mbpp/17"], "grading": {"timeout_s": 20.0}}            # square perimeter: 4 * a
+    assert task.reward(fenced("def square_perimeter(a):\n    return 4 * a + (a == 10)"), wrong) == 0.0
+    assert task.reward("I do not know.", wrong) == 0.0
+    assert list(Path(os.environ["RAPID_CACHE"], "mbpp_plus").glob("Mbpp_17-*.json"))   # cached on disk
+
+
+def test_load_split_and_exclude(monkeypatch):
+    records_by_id()
+    monkeypatch.setenv("RAPID_DATA_DIR", str(DATA))
+    train, test = task.load("train", timeout_s=3.0), task.load("test")
+    assert (len(train), len(test)) == (264, 114)
+    assert train[0]["grading"] == {"timeout_s": 3.0, "memory_mb": 1024}
+    dropped = task.load("test", exclude=[test[0]["task_id"]])
+    assert len(dropped) == 113 and [r["task_id"] for r in dropped] == [r["task_id"] for r in test[1:]]
+    with pytest.raises(ConfigError, match="EvalPlus fields"):
+        task.load("test", data_path=str(DATA / "gsm8k" / "test.jsonl"))
+
+
+# --- the sandbox: attacks ---------------------------------------------------------------------------------
+def toy_reward(code):
+    return task.reward(fenced(code), TOY)
+
+
+def test_toy_task_honest_solution_scores():
+    assert toy_reward("def add(a, b):\n    return a + b") == 1.0
+    assert toy_reward("def add(a, b):\n    return a - b") == 0.0
+
+
+@pytest.mark.parametrize("name, code", [
+    ("exit at import", "import sys\nsys.exit(0)\ndef add(a, b): return a + b"),
+    ("sys.exit in the call", "import sys\ndef add(a, b): sys.exit(0)"),
+    ("os._exit", "import os\ndef add(a, b): os._exit(0)"),
+    ("__eq__ override", "class Any:\n    def __eq__(self, other): return True\ndef add(a, b): return Any()"),
+    ("int subclass with __eq__", "class Any(int):\n    def __eq__(self, other): return True\n"
+                                 "def add(a, b): return Any(0)"),
+    ("fake results on stdout", "print('{\"done\": 4}')\nprint('ALL TESTS PASSED')\ndef add(a, b): return 0"),
+    ("fake results on every fd, then exit",
+     "import os\nfor fd in range(3, 256):\n    try:\n"
+     "        os.write(fd, b'{\"ok\": 0}\\n' * 4 + b'{\"done\": 4}\\n')\n"
+     "    except OSError:\n        pass\nos._exit(0)\ndef add(a, b): return 0"),
+    ("patched builtins", "import builtins\nbuiltins.type = lambda x: int\nbuiltins.isinstance = lambda *a: True\n"
+                         "class Any:\n    def __eq__(self, other): return True\ndef add(a, b): return Any()"),
+    ("patched json", "import json\njson.dumps = lambda obj: '{\"ok\": 3}'\ndef add(a, b): return 0"),
+    ("kill the parent", "import os, signal\ndef add(a, b):\n    os.kill(os.getppid(), signal.SIGKILL)\n"
+                        "    return a + b"),
+    ("fork bomb", "import os\ndef add(a, b):\n    while True:\n        os.fork()"),
+    ("network", "import socket\ndef add(a, b):\n    socket.create_connection(('8.8.8.8', 53), 1)\n    return a + b"),
+    ("infinite loop", "def add(a, b):\n    while True:\n        pass"),
+    ("memory bomb", "def add(a, b):\n    x = [0] * (10 ** 10)\n    return a + b"),
+    ("syntax error", "def add(a, b) return a + b"),
+])
+def test_attacks_score_zero(name, code):
+    start = time.monotonic()
+    assert toy_reward(code) == 0.0, name
+    assert time.monotonic() - start < 12
+
+
+def test_writes_outside_its_directory_are_refused(tmp_path):
+    target = tmp_path / "pwned.txt"
+    code = (f"import os, shutil\ndef add(a, b):\n    for f in (lambda: open({str(target)!r}, 'w'), "
+            f"lambda: os.rename('x', {str(target)!r}), lambda: shutil.rmtree({str(tmp_path)!r})):\n"
+            "        try:\n            f()\n        except OSError:\n            pass\n"
+            "    open('mine.txt', 'w').write('ok')\n    return a + b")
+    assert toy_reward(code) == 1.0                       # still correct: only the outside writes failed
+    assert not target.exists() and tmp_path.is_dir()
+
+
+@pytest.fixture(params=["best", "no namespaces"])
+def isolation(request, monkeypatch):
+    """Run a test with the best isolation this machine offers, and again without unshare."""
+    if request.param == "no namespaces":
+        monkeypatch.setattr(sandbox, "sandbox_prefix", lambda: ())
+    return request.param
+
+
+def test_no_processes_left_behind(isolation):
+    # This program first disarms the audit hook (possible from inside the interpreter, which is why
+    # it is not the boundary), then leaves a sleeping child in its own session on every call.
+    code = ("import gc, os, time\n"
+            "for o in gc.get_objects():\n"
+            "    if type(o).__name__ == 'function' and o.__name__ == 'hook':\n"
+            "        for cell in o.__closure__:\n"
+            "            if type(cell.cell_contents) is frozenset:\n"
+            "                cell.cell_contents = frozenset()\n"
+            "def add(a, b):\n"
+            "    if os.fork() == 0:\n        os.setsid()\n        time.sleep(60)\n        os._exit(0)\n"
+            "    return a + b")
+    assert toy_reward(code) == 1.0                      # the forks happened (else add raised)
+
+    def sandboxes():
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                found += [pid] if b"rapid-sandbox-" in Path(f"/proc/{pid}/cmdline").read_bytes() else []
+            except OSError:
+                pass
+        return found
+    deadline = time.monotonic() + 3
+    while sandboxes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sandboxes() == [], sandbox.sandbox_mode()
+
+
+@pytest.mark.parametrize("code", ["import os, signal\ndef add(a, b):\n    os.kill(os.getppid(), signal.SIGKILL)",
+                                  "import os\ndef add(a, b):\n    os._exit(0)",
+                                  "def add(a, b):\n    return a + b"])
+def test_without_namespaces_too(isolation, code):
+    assert toy_reward(code) == float("return a + b" in code)
