@@ -188,6 +188,7 @@ class VLLMSampler:
         self.dtype = dtype
         self.cuda = next(model.parameters()).is_cuda
         self.sleeping, self.sleep_during_train = False, sleep_during_train and self.cuda
+        self.ignore_eos = False     # benchmarks set it to generate fixed lengths
         self._folder = tempfile.TemporaryDirectory(prefix="rapid-vllm-")
         unwrap(model).save_pretrained(self._folder.name)
         tokenizer.save_pretrained(self._folder.name)
@@ -209,7 +210,8 @@ class VLLMSampler:
 
         self.wake_up()
         params = SamplingParams(n=n, temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
-                                stop_token_ids=self.eos_ids, top_p=1.0, top_k=-1)
+                                stop_token_ids=[] if self.ignore_eos else self.eos_ids, ignore_eos=self.ignore_eos,
+                                top_p=1.0, top_k=-1)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         return [[Completion(token_ids=list(c.token_ids), text=c.text,
                             logprobs=[step[token].logprob for token, step in zip(c.token_ids, c.logprobs)],
