@@ -1,24 +1,96 @@
-"""Held-out evaluation: accuracy of greedy (or sampled) completions on a task's test prompts.
+"""Held-out evaluation: greedy accuracy and pass@k, during training and on its own.
 
-Under DDP each rank evaluates its share of the problems and the counts are summed.
+    python -m rapid.evaluate eval.checkpoint=outputs/<run>/checkpoints/round_000012 eval.n_samples=8
+    python -m rapid.evaluate model=qwen2.5_0.5b task=math eval.n_samples=8 eval.ks=[1,8]
+
+pass@k uses the unbiased estimator over n samples per problem (Chen et al., 2021):
+    pass@k = 1 − C(n − c, k) / C(n, k),   c = number of the n samples with reward 1,
+averaged over problems. Under DDP each rank evaluates its share of the problems and the counts are
+summed. Results go to <run_dir>/eval.json and the console.
 """
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
+import hydra
 import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
 
 from rapid.distributed import all_reduce_sum
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k samples drawn without replacement from n (c correct) is correct."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples per problem, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
 def evaluate(sampler, task, records: list[dict], prompts: list[list[int]], *, max_new_tokens: int,
-             temperature: float = 0.0, rank: int = 0, world: int = 1, device=torch.device("cpu"),
+             temperature: float = 0.0, n_samples: int = 1, sample_temperature: float = 1.0,
+             ks: tuple[int, ...] = (1,), rank: int = 0, world: int = 1, device=torch.device("cpu"),
              seed: int = 0) -> dict[str, float]:
-    """`eval/accuracy` (mean reward 1.0), `eval/reward_mean`, `eval/completion_len`, `eval/n`."""
+    """`eval/accuracy` (greedy if temperature is 0), `eval/reward_mean`, `eval/completion_len`, `eval/n`,
+    and with n_samples > 1 `eval/pass@k` for each k in ks from n_samples samples at sample_temperature."""
     mine = list(range(rank, len(records), world))
-    completions = sampler.generate([prompts[i] for i in mine], n=1, max_new_tokens=max_new_tokens,
-                                   temperature=temperature, seeds=[seed + i for i in mine])
-    rewards = [task.reward(c[0].text, records[i]) for c, i in zip(completions, mine)]
-    correct, total, n, length = all_reduce_sum(
-        [sum(r == 1.0 for r in rewards), sum(rewards), len(mine), sum(len(c[0].token_ids) for c in completions)],
-        device)
-    return {"eval/accuracy": correct / n, "eval/reward_mean": total / n, "eval/completion_len": length / n,
-            "eval/n": int(n)}
+    my_prompts = [prompts[i] for i in mine]
+    first = sampler.generate(my_prompts, n=1, max_new_tokens=max_new_tokens, temperature=temperature,
+                             seeds=[seed + i for i in mine])
+    rewards = [task.reward(c[0].text, records[i]) for c, i in zip(first, mine)]
+    values = [sum(r == 1.0 for r in rewards), sum(rewards), len(mine), sum(len(c[0].token_ids) for c in first)]
+    ks = tuple(k for k in ks if k <= n_samples) if n_samples > 1 else ()
+    if ks:
+        groups = sampler.generate(my_prompts, n=n_samples, max_new_tokens=max_new_tokens,
+                                  temperature=sample_temperature, seeds=[seed + 7919 + i for i in mine])
+        correct = [sum(task.reward(c.text, records[i]) == 1.0 for c in group) for group, i in zip(groups, mine)]
+        values += [sum(pass_at_k(n_samples, c, k) for c in correct) for k in ks]
+    totals = all_reduce_sum(values, device)
+    n = totals[2]
+    row = {"eval/accuracy": totals[0] / n, "eval/reward_mean": totals[1] / n, "eval/completion_len": totals[3] / n,
+           "eval/n": int(n)}
+    row.update({f"eval/pass@{k}": v / n for k, v in zip(ks, totals[4:])})
+    return row
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base=None)
+def main(cfg: DictConfig) -> dict:
+    """Evaluate a model (cfg.model) or a training checkpoint (eval.checkpoint) on the task's test split."""
+    from rapid import distributed
+    from rapid.config import DTYPES, register_resolvers
+    from rapid.models import load_model_and_tokenizer
+    from rapid.sampler import make_sampler
+    from rapid.tasks import get_task
+
+    register_resolvers()
+    rank, world, device = distributed.init(cfg.device)
+    path = str(Path(cfg.eval.checkpoint) / "model") if cfg.eval.checkpoint else cfg.model.path
+    gguf = None if cfg.eval.checkpoint else cfg.model.gguf
+    tiny = None if cfg.eval.checkpoint else cfg.model.tiny
+    model, tokenizer = load_model_and_tokenizer(path, gguf, tiny, seed=cfg.seed)
+    model.to(device).eval()
+    task = get_task(cfg.task.name)
+    records = task.load("test", **cfg.task)[:cfg.eval.n]
+    prompts = task.build_prompts(records, tokenizer, **cfg.task)
+    dtype = DTYPES[cfg.model.dtype]
+    sampler = make_sampler(cfg.sampler, model, tokenizer, dtype, seed=cfg.seed)
+    row = evaluate(sampler, task, records, prompts, max_new_tokens=cfg.task.max_new_tokens,
+                   temperature=cfg.eval.temperature, n_samples=cfg.eval.n_samples,
+                   sample_temperature=cfg.sampler.temperature, ks=tuple(cfg.eval.ks), rank=rank, world=world,
+                   device=device, seed=cfg.seed)
+    row = {"model": path or cfg.model.name, "task": cfg.task.name, "sampler": sampler.name, **row}
+    if distributed.is_main():
+        out = Path(HydraConfig.get().runtime.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "eval.json").write_text(json.dumps(row, indent=2))
+        print(json.dumps(row, indent=2))
+    distributed.shutdown()
+    return row
+
+
+if __name__ == "__main__":
+    main()

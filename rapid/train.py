@@ -151,8 +151,8 @@ def train(cfg: DictConfig) -> dict:
     def run_eval(round_: int, log: bool = True) -> dict:
         t0 = time.perf_counter()
         row = evaluate(sampler, task, eval_records, eval_prompts, max_new_tokens=t.max_new_tokens,
-                       temperature=cfg.eval.temperature, rank=rank, world=world, device=device,
-                       seed=derive_seed(cfg.seed, 3))
+                       temperature=cfg.eval.temperature, n_samples=cfg.eval.n_samples, sample_temperature=temperature,
+                       ks=tuple(cfg.eval.ks), rank=rank, world=world, device=device, seed=derive_seed(cfg.seed, 3) % 2**31)
         row = {"round": round_, **row, "time/eval_s": time.perf_counter() - t0}
         if log:
             logger.log(row)
