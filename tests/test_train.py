@@ -164,10 +164,12 @@ def test_smoke_run_writes_config_metrics_summary(tmp_path):
         assert set(TRAIN_KEYS) <= set(r), set(TRAIN_KEYS) - set(r)
         assert all(isinstance(r[k], (int, float)) and math.isfinite(r[k]) for k in TRAIN_KEYS), r
         assert r["samples"] == 16 * r["round"]
-        assert r["epoch"] == pytest.approx(16 / 4 * r["round"] / (100 - 16))   # 84 training problems
+        assert r["epoch"] == pytest.approx(16 / 4 * r["round"] / (400 - 16))   # 384 training problems
         assert 0.0 <= r["train/reward_mean"] <= 1.0 and 0.0 <= r["train/truncated_frac"] <= 1.0
         assert 1.0 <= r["train/completion_len"] <= 8.0                            # max_new_tokens
-        assert r["train/lr"] == pytest.approx(1e-5)
+        # cosine decay of lr 2e-5 over rounds * H = 6 steps; the row reports the round's last step
+        step = 2 * r["round"] - 1
+        assert r["train/lr"] == pytest.approx(2e-5 * 0.5 * (1 + math.cos(math.pi * step / 6)))
         assert r["time/round_s"] > 0 and r["sampler/tokens_per_s"] > 0
         # The random model earns no reward, so every advantage is 0 and θ never moves: every
         # importance weight is π_θ/μ = 1 up to float error, which checks that the sampler's
@@ -285,7 +287,7 @@ def test_invalid_config_one_sentence(tmp_path):
 @pytest.mark.slow
 def test_invalid_task_or_sampler_one_sentence(tmp_path):
     """Unknown task, unknown sampler and an impossible eval split stop with one `rapid:` line."""
-    cases = {"n_eval": (["task.n_eval=100"], ("task.n_eval=100",)),
+    cases = {"n_eval": (["task.n_eval=400"], ("task.n_eval=400",)),
              "task": (["task.name=nope"], ("nope",)),
              "sampler": (["sampler.name=nope"], ("nope",))}
     results = launch_all({name: ["+experiment=smoke", *overrides, f"hydra.run.dir={tmp_path / name}"]
