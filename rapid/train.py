@@ -105,14 +105,6 @@ def train(cfg: DictConfig) -> dict:
     compute_dtype = DTYPES[cfg.model.dtype]
     temperature = cfg.sampler.temperature
     torch.manual_seed(cfg.seed)
-    if distributed.is_main():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-        (run_dir / ("meta_resume.json" if resume_from else "meta.json")).write_text(json.dumps(
-            {"git_commit": git_commit(), "argv": sys.argv, "world_size": world, "device": str(device),
-             "torch": torch.__version__}, indent=2))
-    print0(OmegaConf.to_yaml(cfg, resolve=True))
-
     model, tokenizer = load_model_and_tokenizer(cfg.model.path, cfg.model.gguf, cfg.model.tiny,
                                                 cfg.model.gradient_checkpointing, seed=cfg.seed)
     model.to(device)
@@ -121,6 +113,15 @@ def train(cfg: DictConfig) -> dict:
     eval_records = task.load("test", **t)[:cfg.eval.n]
     train_prompts = task.build_prompts(train_records, tokenizer, **t)
     eval_prompts = task.build_prompts(eval_records, tokenizer, **t)
+    if cfg.rounds is None:   # whole epochs over the training set
+        cfg.rounds = math.ceil(cfg.epochs * len(train_records) / (a.n_inference // a.n_group))
+    if distributed.is_main():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        (run_dir / ("meta_resume.json" if resume_from else "meta.json")).write_text(json.dumps(
+            {"git_commit": git_commit(), "argv": sys.argv, "world_size": world, "device": str(device),
+             "torch": torch.__version__}, indent=2))
+    print0(OmegaConf.to_yaml(cfg, resolve=True))
     sampler = make_sampler(cfg.sampler, model, tokenizer, compute_dtype, seed=derive_seed(cfg.seed, 4, rank) % 2**31)
     optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
