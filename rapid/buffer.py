@@ -117,3 +117,17 @@ class ReplayBuffer:
         order = torch.randperm(len(groups), generator=generator).tolist()
         return [[r for k in order[i:i + per_batch] for r in groups[k]]
                 for i in range(0, len(order), per_batch)]
+
+
+def keep_informative_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], int]:
+    """DAPO's dynamic sampling: drop the groups whose rewards are all equal (zero advantage, no
+    gradient). Returns the kept records (groups stay contiguous) and the number of dropped groups."""
+    buffer = ReplayBuffer()
+    buffer.add(rollouts)
+    kept, dropped = [], 0
+    for group in buffer.groups():
+        if len({r.reward for r in group}) > 1:
+            kept += group
+        else:
+            dropped += 1
+    return kept, dropped

@@ -6,8 +6,8 @@ of completion positions are computed (`logits_to_keep`), and by default each gro
 prompt is run once for its n completions (`CompletionLogprobs`).
 
 A minibatch of `n_step` records is processed in micro-batches of whole groups; each
-micro-batch's loss is normalised by the full minibatch size, so the accumulated gradient is
-exactly the full-minibatch gradient. Under DDP, gradients are all-reduced once, on the last
+micro-batch's loss is normalised by the full minibatch's size (records or completion tokens),
+so the accumulated gradient is exactly the full-minibatch gradient. Under DDP, gradients are all-reduced once, on the last
 micro-batch.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from rapid.buffer import Batch, Rollout, collate
 
-# loss_fn(token_logp [B, C], batch, normalizer) -> (loss, stats)
-LossFn = Callable[[torch.Tensor, Batch, int], tuple[torch.Tensor, dict]]
+# loss_fn(token_logp [B, C], batch, minibatch records, minibatch completion tokens) -> (loss, stats)
+LossFn = Callable[[torch.Tensor, Batch, int, int], tuple[torch.Tensor, dict]]
 
 
 class CompletionLogprobs(torch.nn.Module):
@@ -82,6 +82,7 @@ def accumulate_gradients(policy: torch.nn.Module, records: list[Rollout], loss_f
     """Backward of one minibatch in micro-batches of `micro_batch` records (whole groups, as the
     buffer keeps groups contiguous). Returns the minibatch's stats (record-weighted means)."""
     B = len(records)
+    n_tokens = sum(len(r.completion_ids) for r in records)
     chunks = [records[i:i + micro_batch] for i in range(0, B, micro_batch)]
     totals: dict[str, float] = {}
     for k, chunk in enumerate(chunks):
@@ -92,7 +93,7 @@ def accumulate_gradients(policy: torch.nn.Module, records: list[Rollout], loss_f
         with no_sync:
             with autocast(device, compute_dtype):
                 token_logp = completion_logprobs(policy, batch)
-            loss, stats = loss_fn(token_logp, batch, B)
+            loss, stats = loss_fn(token_logp, batch, B, n_tokens)
             loss.backward()
         stats["loss"] = loss.item() * B / len(chunk)   # per-chunk normalised, re-weighted below
         for key, value in stats.items():

@@ -23,6 +23,7 @@ PG is the same loop with H = 1 (`algorithm=pg`).
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import subprocess
@@ -38,21 +39,24 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from rapid import checkpoint, distributed
-from rapid.buffer import ReplayBuffer, Rollout
+from rapid.buffer import ReplayBuffer, Rollout, keep_informative_groups
 from rapid.config import DTYPES, ConfigError, register_resolvers, validate
 from rapid.data import PromptStream
 from rapid.distributed import all_reduce_max, all_reduce_sum, print0
 from rapid.evaluate import evaluate
 from rapid.iw_grpg import iw_grpg_loss, masked_mean, sequence_logprobs
+from rapid.losses import dapo_loss, group_normalized_advantages, grpo_loss, overlong_penalty
 from rapid.logger import MetricsLogger
 from rapid.models import ModelLoadError, load_model_and_tokenizer
-from rapid.policy import CompletionLogprobs, accumulate_gradients, recompute_behavior_logprobs
+from rapid.policy import (CompletionLogprobs, accumulate_gradients, autocast, completion_logprobs,
+                          recompute_behavior_logprobs)
 from rapid.rewards import score
 from rapid.sampler import make_sampler
 from rapid.seeding import derive_seed
 from rapid.tasks import get_task
 
 SAMPLE_STREAM, BUFFER_STREAM = 0, 1    # tags that keep derived seed streams apart
+STAT_NAMES = {"clip_frac": "iw/clip_frac", "staleness": "iw/staleness", "iw_mean": "iw/mean", "loss": "train/loss"}
 
 register_resolvers()
 
@@ -64,6 +68,17 @@ def lr_lambda(schedule: str, warmup: int, total: int):
         progress = (step - warmup) / max(1, total - warmup)
         return {"constant": 1.0, "linear": 1.0 - progress, "cosine": 0.5 * (1 + math.cos(math.pi * progress))}[schedule]
     return f
+
+
+def trim_to_minibatches(rollouts: list[Rollout], local_step: int, target: int, device) -> list[Rollout]:
+    """After dynamic sampling: at most `target` records, a whole number of minibatches, and the same
+    number on every rank (DDP needs equal step counts)."""
+    n = min(len(rollouts), target) // local_step * local_step
+    n = -int(all_reduce_max(-n, device))
+    if n == 0:
+        raise RuntimeError("dynamic sampling found no informative group within algorithm.dynamic_sampling_tries "
+                           "attempts; raise it or check the reward")
+    return rollouts[:n]
 
 
 def git_commit() -> str | None:
@@ -140,14 +155,54 @@ def train(cfg: DictConfig) -> dict:
                            config=OmegaConf.to_container(cfg, resolve=True),
                            resume_round=start_round if resume_from else None)
 
-    def loss_fn(token_logp, batch, normalizer):
-        logp = sequence_logprobs(token_logp, batch.completion_mask)
-        logp_mu = sequence_logprobs(batch.logp_mu, batch.completion_mask)
-        loss, stats = iw_grpg_loss(logp, logp_mu, batch.rewards, batch.group_ids, eta=a.eta,
-                                   leave_one_out=a.leave_one_out, normalizer=normalizer)
+    reference = None   # GRPO's KL anchor: a frozen copy of the initial policy
+    if a.loss == "grpo" and a.kl_coef > 0:
+        reference = CompletionLogprobs(copy.deepcopy(model).requires_grad_(False).eval(), temperature,
+                                       share_prompt=not cfg.model.gradient_checkpointing)
+
+    def loss_fn(token_logp, batch, n_records, n_tokens):
+        mask = batch.completion_mask
+        if a.loss == "iw_grpg":        # RAPID / PG: sequence-level IW-GRPG (Eq. 3-5)
+            loss, stats = iw_grpg_loss(sequence_logprobs(token_logp, mask), sequence_logprobs(batch.logp_mu, mask),
+                                       batch.rewards, batch.group_ids, eta=a.eta, leave_one_out=a.leave_one_out,
+                                       normalizer=n_records)
+        else:                          # GRPO / DAPO: token-level clipped ratios, group-normalised advantages
+            advantages = group_normalized_advantages(batch.rewards, batch.group_ids)
+            if a.loss == "grpo":
+                logp_ref = None
+                if reference is not None:
+                    with torch.no_grad(), autocast(device, compute_dtype):
+                        logp_ref = completion_logprobs(reference, batch).float()
+                loss, stats = grpo_loss(token_logp, batch.logp_mu, logp_ref, advantages, mask, clip_eps=a.clip_eps,
+                                        kl_coef=a.kl_coef, aggregation=a.aggregation, max_tokens=t.max_new_tokens,
+                                        normalizer=n_tokens if a.aggregation == "token_mean" else n_records)
+            else:
+                loss, stats = dapo_loss(token_logp, batch.logp_mu, advantages, mask, clip_low=a.clip_low,
+                                        clip_high=a.clip_high, normalizer=n_tokens)
         # |log π_θ − log μ| per token; on a round's first step θ = μ, so this is sampler/trainer mismatch
-        stats["token_logp_gap"] = masked_mean((token_logp.detach() - batch.logp_mu).abs(), batch.completion_mask).item()
+        stats["token_logp_gap"] = masked_mean((token_logp.detach() - batch.logp_mu).abs(), mask).item()
         return loss, stats
+
+    def sample_and_score(round_: int, positions: list[int], indices: list[int], clock: dict) -> tuple[list[Rollout], int]:
+        """n_group completions per prompt with μ = π_θ, seeds from (round, prompt, sample), scored
+        (a crashed or timed-out checker scores 0 and is counted)."""
+        t0 = time.perf_counter()
+        seeds = [derive_seed(cfg.seed, SAMPLE_STREAM, round_, p) for p in positions]
+        groups = sampler.generate([train_prompts[i] for i in indices], n=a.n_group,
+                                  max_new_tokens=t.max_new_tokens, temperature=temperature, seeds=seeds)
+        t1 = time.perf_counter()
+        flat = [(p, i, c) for p, i, group in zip(positions, indices, groups) for c in group]
+        rewards, failed = score(task, [c.text for _, _, c in flat], [train_records[i] for _, i, _ in flat],
+                                workers=cfg.reward.workers, timeout=cfg.reward.timeout_s)
+        clock["generate"] += t1 - t0
+        clock["reward"] += time.perf_counter() - t1
+        if a.get("overlong_cache", 0):          # DAPO's soft overlong punishment
+            lengths = torch.tensor([len(c.token_ids) for _, _, c in flat])
+            rewards = (torch.tensor(rewards) + overlong_penalty(lengths, t.max_new_tokens, a.overlong_cache,
+                                                                a.overlong_penalty)).tolist()
+        return [Rollout(prompt_ids=train_prompts[i], completion_ids=c.token_ids, logp_mu=c.logprobs, reward=r,
+                        group_id=p, truncated=c.finish_reason == "length", text=c.text)
+                for (p, i, c), r in zip(flat, rewards)], failed
 
     def run_eval(round_: int, log: bool = True) -> dict:
         t0 = time.perf_counter()
@@ -170,22 +225,24 @@ def train(cfg: DictConfig) -> dict:
     # ---------------------------------------------------------------- Algorithm 1
     for round_ in bar:
         t0 = time.perf_counter()
-        # 1. prompts X_t: the round's n_inference / n_group prompts; this rank takes every world-th
-        round_indices = stream.take(n_prompts)
+        # 1-3. prompts X_t (the round's n_inference / n_group; this rank takes every world-th), sampled and scored
         positions = list(range(rank, n_prompts, world))
-        indices = [round_indices[p] for p in positions]
-        # 2. sample n_group completions per prompt with μ = π_θ; seeds from (round, prompt, sample)
-        seeds = [derive_seed(cfg.seed, SAMPLE_STREAM, round_, p) for p in positions]
-        groups = sampler.generate([train_prompts[i] for i in indices], n=a.n_group,
-                                  max_new_tokens=t.max_new_tokens, temperature=temperature, seeds=seeds)
-        t1 = time.perf_counter()
-        # 3. score every completion (a crashed or timed-out checker scores 0 and is counted)
-        flat = [(p, i, c) for p, i, group in zip(positions, indices, groups) for c in group]
-        rewards, failed = score(task, [c.text for _, _, c in flat], [train_records[i] for _, i, _ in flat],
-                                workers=cfg.reward.workers, timeout=cfg.reward.timeout_s)
-        rollouts = [Rollout(prompt_ids=train_prompts[i], completion_ids=c.token_ids, logp_mu=c.logprobs, reward=r,
-                            group_id=p, truncated=c.finish_reason == "length", text=c.text)
-                    for (p, i, c), r in zip(flat, rewards)]
+        round_indices = stream.take(n_prompts)
+        clock = {"generate": 0.0, "reward": 0.0}
+        rollouts, failed = sample_and_score(round_, positions, [round_indices[p] for p in positions], clock)
+        dropped = 0
+        if a.get("dynamic_sampling", False):    # DAPO: drop all-equal groups, sample more prompts until full
+            rollouts, dropped = keep_informative_groups(rollouts)
+            for attempt in range(1, a.dynamic_sampling_tries):
+                if len(rollouts) >= len(positions) * a.n_group:
+                    break
+                more = list(range(rank, n_prompts, world))
+                extra_indices = stream.take(n_prompts)
+                extra, f = sample_and_score(round_, [attempt * n_prompts + p for p in more],
+                                            [extra_indices[p] for p in more], clock)
+                extra, d = keep_informative_groups(extra)
+                rollouts, failed, dropped = rollouts + extra, failed + f, dropped + d
+            rollouts = trim_to_minibatches(rollouts, a.n_step // world, len(positions) * a.n_group, device)
         t2 = time.perf_counter()
         mismatch = None
         if a.behavior_logprobs == "recompute":   # exact log μ: one trainer forward pass, θ = μ here
@@ -199,7 +256,7 @@ def train(cfg: DictConfig) -> dict:
         # 5. H gradient steps on group-aligned minibatches (n_step records over all ranks)
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, BUFFER_STREAM, round_))
         steps = []
-        for minibatch in buffer.minibatches(a.n_step // world, shuffle):
+        for minibatch in [mb for _ in range(a.get("num_iterations", 1)) for mb in buffer.minibatches(a.n_step // world, shuffle)]:
             stats = accumulate_gradients(policy, minibatch, loss_fn, micro_batch=cfg.train.micro_batch,
                                          pad_id=sampler.pad_id, device=device,
                                          compute_dtype=compute_dtype)
@@ -216,24 +273,28 @@ def train(cfg: DictConfig) -> dict:
         t5 = time.perf_counter()
         # 7. log (sums over ranks, then means)
         n_tokens = sum(len(r.completion_ids) for r in rollouts)
-        sums = all_reduce_sum([len(rollouts), failed, sum(r.reward for r in rollouts), sum(r.reward == 1.0 for r in rollouts),
-                               n_tokens, sum(r.truncated for r in rollouts)]
-                              + [sum(s[k] for s in steps) / len(steps) for k in ("clip_frac", "staleness", "iw_mean", "loss")]
-                              + [steps[0]["token_logp_gap"] if mismatch is None else mismatch], device)
-        n = sums[0]
+        loss_keys = sorted(k for k in steps[0] if k not in ("iw_max", "token_logp_gap", "grad_norm", "lr"))
+        sums = all_reduce_sum([len(rollouts), failed, dropped, sum(r.reward for r in rollouts),
+                               sum(r.reward == 1.0 for r in rollouts), n_tokens, sum(r.truncated for r in rollouts),
+                               steps[0]["token_logp_gap"] if mismatch is None else mismatch]
+                              + [sum(s[k] for s in steps) / len(steps) for k in loss_keys], device)
+        n = max(sums[0], 1)
         row = {"round": round_ + 1, "samples": (round_ + 1) * a.n_inference, "epoch": stream.epoch + stream.pos / len(train_records),
-               "train/reward_mean": sums[2] / n, "train/accuracy": sums[3] / n, "train/completion_len": sums[4] / n,
-               "train/truncated_frac": sums[5] / n, "train/reward_failures": int(sums[1]),
-               "iw/clip_frac": sums[6] / world, "iw/staleness": sums[7] / world, "iw/mean": sums[8] / world,
-               "iw/max": all_reduce_max(max(s["iw_max"] for s in steps), device), "train/loss": sums[9] / world,
+               "train/reward_mean": sums[3] / n, "train/accuracy": sums[4] / n, "train/completion_len": sums[5] / n,
+               "train/truncated_frac": sums[6] / n, "train/reward_failures": int(sums[1]),
+               "sampler/logprob_mismatch": sums[7] / world,
+               **{STAT_NAMES.get(k, f"loss/{k}"): v / world for k, v in zip(loss_keys, sums[8:])},
                "train/grad_norm": steps[-1]["grad_norm"], "train/lr": steps[-1]["lr"],
-               "sampler/logprob_mismatch": sums[10] / world,
-               "time/generate_s": t1 - t0, "time/reward_s": t2 - t1, "time/recompute_s": t3 - t2,
+               "time/generate_s": clock["generate"], "time/reward_s": clock["reward"], "time/recompute_s": t3 - t2,
                "time/train_s": t4 - t3, "time/sync_s": t5 - t4, "time/round_s": t5 - t0,
-               "sampler/tokens_per_s": n_tokens / max(t1 - t0, 1e-9) * world, "wall_s": time.perf_counter() - t_start}
+               "sampler/tokens_per_s": n_tokens / max(clock["generate"], 1e-9) * world, "wall_s": time.perf_counter() - t_start}
+        if "iw_max" in steps[0]:
+            row["iw/max"] = all_reduce_max(max(s["iw_max"] for s in steps), device)
+        if a.get("dynamic_sampling", False):
+            row["train/dropped_groups"] = int(sums[2])
         logger.log(row)
-        bar.set_postfix(reward=f"{row['train/reward_mean']:.3f}", clip=f"{row['iw/clip_frac']:.2f}",
-                        stale=f"{row['iw/staleness']:.3f}", s_round=f"{row['time/round_s']:.1f}")
+        bar.set_postfix(reward=f"{row['train/reward_mean']:.3f}", clip=f"{row.get('iw/clip_frac', 0):.2f}",
+                        stale=f"{row.get('iw/staleness', 0):.3f}", s_round=f"{row['time/round_s']:.1f}")
         last = round_ + 1 == cfg.rounds
         if (cfg.eval.every and (round_ + 1) % cfg.eval.every == 0) or last:
             final = run_eval(round_ + 1)

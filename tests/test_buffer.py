@@ -69,3 +69,13 @@ def test_collate_layout():
     assert batch.rewards.tolist() == [2.0, 1.0, 3.0, 1.0] and batch.group_ids.tolist() == [3, 3, 4, 4]
     with pytest.raises(ValueError, match="whole groups"):
         collate(records[:3], pad_id=0)                                      # a split group
+
+
+def test_keep_informative_groups_drops_exactly_the_all_equal_groups():
+    from rapid.buffer import keep_informative_groups
+
+    mk = lambda gid, r: Rollout(prompt_ids=[1], completion_ids=[2], logp_mu=[0.0], reward=r, group_id=gid, truncated=False)
+    records = [mk(1, 0.0), mk(1, 0.0), mk(2, 1.0), mk(2, 0.0), mk(3, 1.0), mk(3, 1.0), mk(4, 0.5), mk(4, 0.0)]
+    kept, dropped = keep_informative_groups(records)
+    assert dropped == 2
+    assert [(r.group_id, r.reward) for r in kept] == [(2, 1.0), (2, 0.0), (4, 0.5), (4, 0.0)]

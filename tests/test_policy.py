@@ -53,7 +53,7 @@ def test_micro_batches_and_shared_prompts_equal_full_minibatch():
         c = len(r.completion_ids)
         r.logp_mu = (true[i, :c] + 0.7 * torch.randn(c, generator=g)).tolist()
 
-    def loss_fn(token_logp, batch, normalizer):
+    def loss_fn(token_logp, batch, normalizer, n_tokens):
         logp = sequence_logprobs(token_logp, batch.completion_mask)
         logp_mu = sequence_logprobs(batch.logp_mu, batch.completion_mask)
         return iw_grpg_loss(logp, logp_mu, batch.rewards, batch.group_ids, eta=2.0, normalizer=normalizer)
@@ -76,7 +76,7 @@ def test_micro_batches_and_shared_prompts_equal_full_minibatch():
 def test_gradient_checkpointing_gives_the_same_gradient():
     model, tok = tiny_model()
     records = make_rollouts(tok, n_groups=2)
-    loss_fn = lambda token_logp, batch, normalizer: ((token_logp.sum(-1) * batch.rewards).sum() / normalizer, {})
+    loss_fn = lambda token_logp, batch, normalizer, n_tokens: ((token_logp.sum(-1) * batch.rewards).sum() / normalizer, {})
     grads = []
     for checkpointing in (False, True):
         m = copy.deepcopy(model).train()

@@ -359,3 +359,27 @@ def test_resume_of_finished_run_adds_no_rows(tmp_path):
     launch([f"resume={run}", f"hydra.run.dir={tmp_path / 'resume_hydra'}"], tmp_path)
     after = read_rows(run)
     assert [(r["round"], "eval/accuracy" in r) for r in after] == [(r["round"], "eval/accuracy" in r) for r in before]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm, keys", [
+    ("pg", ("iw/clip_frac", "iw/staleness", "iw/mean")),
+    ("grpo", ("iw/clip_frac", "loss/kl_mean", "loss/ratio_mean", "loss/clip_frac_low", "loss/clip_frac_high")),
+    ("dapo", ("iw/clip_frac", "loss/ratio_mean", "train/dropped_groups")),
+])
+def test_baselines_run_in_the_same_loop(tmp_path, algorithm, keys):
+    """PG, GRPO and DAPO run end to end through the same loop, log their own statistics, and raise the reward."""
+    run = tmp_path / "run"
+    launch(["+experiment=smoke", f"algorithm={algorithm}", "algorithm.H=1", "rounds=6", "algorithm.n_step=16", "optim.lr=1e-2",
+            "eval.every=0", "ckpt.every=0", f"hydra.run.dir={run}"], tmp_path, shaped=True)
+    rows = train_rows(read_rows(run))
+    assert len(rows) == 6
+    for key in keys:
+        assert all(key in r and math.isfinite(r[key]) for r in rows), key
+    cfg = yaml.safe_load((run / "config.yaml").read_text())["algorithm"]
+    assert cfg["name"] == algorithm and (cfg["H"] == 1)
+    if algorithm == "pg":                                  # on-policy: every importance weight is 1
+        assert all(abs(r["iw/mean"] - 1) < 1e-4 and r["iw/staleness"] < 1e-4 for r in rows)
+    if algorithm == "grpo":                                 # the policy moves away from the reference
+        assert rows[-1]["loss/kl_mean"] > 0
+    assert sum(r["train/reward_mean"] for r in rows[-2:]) / 2 > rows[0]["train/reward_mean"]
