@@ -136,6 +136,9 @@ def train(cfg: DictConfig) -> dict:
         (run_dir / ("meta_resume.json" if resume_from else "meta.json")).write_text(json.dumps(
             {"git_commit": git_commit(), "argv": sys.argv, "world_size": world, "device": str(device),
              "torch": torch.__version__}, indent=2))
+        record_id = lambda r: r.get("task_id") or r.get("unique_id") or r.get("name") or r.get("question")
+        (run_dir / "split.json").write_text(json.dumps(   # which problems trained, which were held out
+            {"train": [record_id(r) for r in train_records], "eval": [record_id(r) for r in eval_records]}))
     print0(OmegaConf.to_yaml(cfg, resolve=True))
     sampler = make_sampler(cfg.sampler, model, tokenizer, compute_dtype, seed=derive_seed(cfg.seed, 4, rank) % 2**31)
     optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)

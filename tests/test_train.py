@@ -155,6 +155,8 @@ def test_smoke_run_writes_config_metrics_summary(tmp_path):
     assert a["n_inference"] == a["H"] * a["n_step"] == 16          # the `mul` resolver, resolved
     assert cfg["model"]["name"] == "tiny-llama" and cfg["rounds"] == 3 and cfg["sampler"]["temperature"] == 0.7
     assert json.loads((run / "meta.json").read_text())["world_size"] == 1
+    split = json.loads((run / "split.json").read_text())
+    assert len(split["train"]) == 384 and len(split["eval"]) == 16 and not set(split["train"]) & set(split["eval"])
 
     rows = read_rows(run)
     trains, evals = train_rows(rows), eval_rows(rows)
