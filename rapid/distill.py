@@ -11,8 +11,8 @@ with `index` the position of the problem in the task's training split, ids in th
 rate) are printed and written to <run_dir>/distill_summary.json. `python -m rapid.sft` trains on
 the file.
 
-Differences from the paper: sampling is plain temperature sampling, without the paper's top-p 0.95
-truncation (the samplers take no top_p yet). Sampling seeds derive from (seed, prompt index), so with
+Sampling is at `distill.temperature` with nucleus truncation `distill.top_p` (paper: 0.7 and 0.95).
+Sampling seeds derive from (seed, prompt index), so with
 sampler=hf the file depends neither on distill.chunk nor on the batch size; vLLM on CPU seeds the
 engine once instead.
 
@@ -108,7 +108,7 @@ def distill(cfg: DictConfig) -> dict:
             t0 = time.perf_counter()
             seeds = [derive_seed(cfg.seed, SAMPLE_STREAM, i) for i in chunk]     # per prompt, whatever the chunk
             groups = sampler.generate([prompts[i] for i in chunk], n=d.n_samples, max_new_tokens=t.max_new_tokens,
-                                      temperature=d.temperature, seeds=seeds)
+                                      temperature=d.temperature, seeds=seeds, top_p=d.top_p)
             t1 = time.perf_counter()
             flat = [(i, c) for i, group in zip(chunk, groups) for c in group]
             rewards, failed = score(task, [c.text for _, c in flat], [records[i] for i, _ in flat],
@@ -126,7 +126,7 @@ def distill(cfg: DictConfig) -> dict:
             counts["reward_failures"] += failed
     summary = {"prompts": len(records), **counts, "acceptance_rate": counts["kept"] / max(counts["generated"], 1),
                "teacher": teacher_cfg.name, "task": t.name, "n_samples": d.n_samples, "temperature": d.temperature,
-               "top_p": 1.0, "sampler": sampler.name, "time/generate_s": clock["generate"],
+               "top_p": d.top_p, "sampler": sampler.name, "time/generate_s": clock["generate"],
                "time/reward_s": clock["reward"], "time/total_s": time.perf_counter() - t_start}
     (run_dir / "distill_summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))

@@ -48,7 +48,7 @@ class Sampler(Protocol):
     name: str
 
     def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int,
-                 temperature: float, seeds: list[int] | None = None) -> list[list[Completion]]: ...
+                 temperature: float, seeds: list[int] | None = None, top_p: float = 1.0) -> list[list[Completion]]: ...
 
     def sync_weights(self, model: torch.nn.Module) -> None: ...
 
@@ -57,8 +57,8 @@ class _SampleAndRecord(LogitsProcessor):
     """Turns greedy decoding into temperature sampling (Gumbel-max with a generator per row) and
     records log softmax(logits / T) of the token that will be chosen."""
 
-    def __init__(self, generators: list[torch.Generator] | None, temperature: float):
-        self.generators, self.temperature = generators, temperature
+    def __init__(self, generators: list[torch.Generator] | None, temperature: float, top_p: float = 1.0):
+        self.generators, self.temperature, self.top_p = generators, temperature, top_p
         self.logprobs: list[torch.Tensor] = []   # one [B] tensor per step
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -68,6 +68,12 @@ class _SampleAndRecord(LogitsProcessor):
             chosen = scores
         else:
             logp = torch.log_softmax(scores / self.temperature, dim=-1)
+            if self.top_p < 1.0:    # nucleus: the smallest set of tokens holding top_p of the mass, renormalised
+                sorted_logp, order = logp.sort(dim=-1, descending=True)
+                mass_before = sorted_logp.exp().cumsum(-1) - sorted_logp.exp()
+                logp = logp.masked_fill((mass_before >= self.top_p).scatter(-1, order, mass_before >= self.top_p),
+                                        float("-inf"))
+                logp = logp - logp.logsumexp(-1, keepdim=True)
             # argmax(log p - log E), E ~ Exp(1) iid, is an exact sample from p.
             noise = torch.stack([torch.empty(scores.shape[-1]).exponential_(generator=g)
                                  for g in self.generators]).to(scores.device)
@@ -100,7 +106,7 @@ class HFSampler:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int,
-                 temperature: float, seeds: list[int] | None = None) -> list[list[Completion]]:
+                 temperature: float, seeds: list[int] | None = None, top_p: float = 1.0) -> list[list[Completion]]:
         if temperature > 0 and seeds is None:
             seeds = [int(torch.randint(0, 2**62, ()).item()) for _ in prompts]
         per_call = max(1, self.batch_size // n)            # prompts per generate call (whole groups)
@@ -113,13 +119,13 @@ class HFSampler:
                 gens = None
                 if temperature > 0:
                     gens = [torch.Generator().manual_seed(derive_seed(seeds[i], j)) for i in chunk for j in range(n)]
-                flat = self._generate_groups([prompts[i] for i in chunk], n, max_new_tokens, temperature, gens)
+                flat = self._generate_groups([prompts[i] for i in chunk], n, max_new_tokens, temperature, gens, top_p)
                 out += [flat[k * n:(k + 1) * n] for k in range(len(chunk))]
         finally:
             self.model.train(was_training)
         return out
 
-    def _generate_groups(self, prompts, n, max_new_tokens, temperature, generators) -> list[Completion]:
+    def _generate_groups(self, prompts, n, max_new_tokens, temperature, generators, top_p=1.0) -> list[Completion]:
         """n completions of each prompt. The prompts (but their last token) are run once and their
         KV cache is repeated n times, so a group pays for its prompt once."""
         device = next(self.model.parameters()).device
@@ -130,7 +136,7 @@ class HFSampler:
             input_ids[r, P - len(p):] = torch.tensor(p)
             attention_mask[r, P - len(p):] = 1
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        recorder = _SampleAndRecord(generators, temperature)
+        recorder = _SampleAndRecord(generators, temperature, top_p)
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                                   eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
         with _autocast(device, self.autocast_dtype):
@@ -204,14 +210,14 @@ class VLLMSampler:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int,
-                 temperature: float, seeds: list[int] | None = None) -> list[list[Completion]]:
+                 temperature: float, seeds: list[int] | None = None, top_p: float = 1.0) -> list[list[Completion]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         self.wake_up()
         params = SamplingParams(n=n, temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
                                 stop_token_ids=[] if self.ignore_eos else self.eos_ids, ignore_eos=self.ignore_eos,
-                                top_p=1.0, top_k=-1)
+                                top_p=top_p, top_k=-1)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         return [[Completion(token_ids=list(c.token_ids), text=c.text,
                             logprobs=[step[token].logprob for token, step in zip(c.token_ids, c.logprobs)],

@@ -77,3 +77,25 @@ def test_greedy_is_argmax():
             nxt = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
             assert t == nxt
             ids.append(t)
+
+
+def test_top_p_samples_only_from_the_nucleus():
+    """With top_p, every sampled token lies in the smallest set holding top_p of the mass, and its
+    recorded log-prob is that of the renormalised nucleus."""
+    model, tok = tiny_model()
+    prompt = encode(tok, ["Hi"])[0]
+    T = 1.0
+    with torch.no_grad():
+        probs = torch.softmax(model(input_ids=torch.tensor([prompt])).logits[0, -1].double() / T, -1)
+    sorted_p, order = probs.sort(descending=True)
+    top_p = float(sorted_p[:3].sum()) - 1e-4                            # a nucleus of exactly 3 tokens
+    size = int((sorted_p.cumsum(0) - sorted_p < top_p).sum())          # tokens needed to reach top_p
+    assert size == 3
+    nucleus = set(order[:size].tolist())
+    mass = float(sorted_p[:size].sum())
+    out = HFSampler(model, tok, batch_size=500).generate([prompt], n=500, max_new_tokens=1, temperature=T,
+                                                         seeds=[3], top_p=top_p)[0]
+    firsts = [c.token_ids[0] for c in out]
+    assert set(firsts) <= nucleus and len(set(firsts)) > 1
+    for c in out[:20]:
+        assert abs(c.logprobs[0] - math.log(probs[c.token_ids[0]] / mass)) < 1e-5

@@ -171,7 +171,7 @@ def test_distill_then_sft_end_to_end(tmp_path):
     records = arithmetic.load("train", **t)[:24]
     prompts = arithmetic.build_prompts(records, tokenizer, **t)
     groups = HFSampler(model.eval(), tokenizer).generate(
-        prompts, n=5, max_new_tokens=t["max_new_tokens"], temperature=0.7,
+        prompts, n=5, max_new_tokens=t["max_new_tokens"], temperature=0.7, top_p=cfg["distill"]["top_p"],
         seeds=[derive_seed(cfg["seed"], SAMPLE_STREAM, i) for i in range(len(prompts))])
     accepted = [(i, c.token_ids) for i, group in enumerate(groups) for c in group
                 if contains_digit(c.text, records[i]) == 1.0]
