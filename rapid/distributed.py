@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -54,7 +55,9 @@ def all_reduce_max(value: float, device: torch.device) -> float:
 
 
 def shutdown() -> None:
+    """Destroy the process group this module created. A vLLM engine running inside it (sampler=vllm
+    under torchrun) tears the group down itself at exit, so it is left to do so."""
     global _owned
-    if _owned and dist.is_initialized():
+    if _owned and dist.is_initialized() and "vllm" not in sys.modules:
         dist.destroy_process_group()
-        _owned = False
+    _owned = False

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from safetensors.torch import save_file
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from rapid.config import ConfigError
@@ -196,12 +197,23 @@ class VLLMSampler:
         self.sleeping, self.sleep_during_train = False, sleep_during_train and self.cuda
         self.ignore_eos = False     # benchmarks set it to generate fixed lengths
         self._folder = tempfile.TemporaryDirectory(prefix="rapid-vllm-")
-        unwrap(model).save_pretrained(self._folder.name)
+        # Every rank writes its own copy (transformers' save_pretrained writes weights on rank 0 only).
+        # A tied tensor is written once, under its first name (the input embedding), as checkpoints do.
+        unwrap(model).config.save_pretrained(self._folder.name)
+        weights, seen = {}, set()
+        for name, tensor in unwrap(model).state_dict().items():
+            if tensor.data_ptr() not in seen:
+                seen.add(tensor.data_ptr())
+                weights[engine_name(name)] = tensor.detach().contiguous().cpu()
+        save_file(weights, os.path.join(self._folder.name, "model.safetensors"), metadata={"format": "pt"})
         tokenizer.save_pretrained(self._folder.name)
         max_model_len = min(max_model_len, getattr(unwrap(model).config, "max_position_embeddings", max_model_len))
         options = dict(model=self._folder.name, dtype=str(dtype).removeprefix("torch."), seed=seed, enforce_eager=True,
                        max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
                        logprobs_mode="processed_logprobs", generation_config="vllm")
+        if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+            # under torchrun: one engine per rank inside the existing process group (tensor parallel 1)
+            options.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
         if self.cuda:
             options.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_during_train)
         else:
@@ -290,9 +302,6 @@ def make_sampler(cfg, model: torch.nn.Module, tokenizer, compute_dtype: torch.dt
     """The sampler named by `cfg.name`; `vllm` falls back to `hf`, with one warning line, where
     vLLM cannot be imported."""
     if cfg.name == "vllm":
-        if int(os.environ.get("WORLD_SIZE", 1)) > 1:
-            raise ConfigError("sampler=vllm does not run under torchrun yet (one engine per rank needs vLLM's "
-                              "external launcher): use sampler=hf with torchrun")
         if importlib.util.find_spec("vllm") is None:
             warnings.warn("vLLM is not installed: sampling with transformers generate instead (sampler=hf); "
                           "`make install` installs vLLM", stacklevel=2)

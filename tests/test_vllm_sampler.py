@@ -99,3 +99,23 @@ def test_smoke_run_with_vllm_keeps_logprob_mismatch_small(tmp_path):
     assert max(r["train/grad_norm"] for r in train) > 0                   # the weights really move between rounds
     assert all(r["sampler/logprob_mismatch"] < 1e-3 for r in train), [r["sampler/logprob_mismatch"] for r in train]
     assert json.loads((run / "summary.json").read_text())["sampler"] == "vllm"
+
+
+@pytest.mark.slow
+def test_ddp_two_ranks_one_engine_each(tmp_path):
+    """torchrun with 2 ranks: each rank runs its own engine in the shared process group, syncs it
+    every round, and the run exits cleanly."""
+    from tests.test_train import REPO, command, env_for
+
+    run = tmp_path / "run"
+    args = ["+experiment=smoke", "sampler=vllm", "algorithm.H=1", "algorithm.n_step=16", "optim.lr=1e-2",
+            f"hydra.run.dir={run}"]
+    proc = subprocess.run(command(args, tmp_path, shaped=True, nproc=2), cwd=REPO, env=env_for(tmp_path),
+                          capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in out, out[-3000:]
+    train = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in train if "train/reward_mean" in r]
+    assert len(train) == 3 and max(r["train/grad_norm"] for r in train) > 0
+    assert all(r["sampler/logprob_mismatch"] < 1e-3 for r in train), [r["sampler/logprob_mismatch"] for r in train]
+    assert json.loads((run / "summary.json").read_text())["sampler"] == "vllm"
