@@ -2,6 +2,10 @@
 derives `algorithm.n_inference = H * n_step` (one home for each number)."""
 from __future__ import annotations
 
+import functools
+import sys
+from typing import Callable
+
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -9,7 +13,20 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class ConfigError(ValueError):
-    """An invalid config value or combination; the message says how to fix it."""
+    """Something the user can fix (a config value, a missing model, data file or tool); the message
+    is one sentence saying how."""
+
+
+def exit_on_config_error(main: Callable) -> Callable:
+    """Entry-point decorator: a ConfigError ends the program with its one sentence, not a traceback."""
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except ConfigError as e:
+            print(f"rapid: {e}", flush=True)
+            sys.exit(2)
+    return wrapper
 
 
 def register_resolvers() -> None:

@@ -35,8 +35,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from rapid import distributed
-from rapid.config import DTYPES, ConfigError
-from rapid.models import ModelLoadError, load_model_and_tokenizer
+from rapid.config import DTYPES, ConfigError, exit_on_config_error
+from rapid.models import load_model_and_tokenizer
 from rapid.rewards import score
 from rapid.sampler import make_sampler
 from rapid.seeding import derive_seed
@@ -69,12 +69,9 @@ def teacher_config(teacher: str | None, model_cfg: DictConfig) -> DictConfig:
 
 
 @hydra.main(config_path="../conf", config_name="sft", version_base=None)
+@exit_on_config_error
 def main(cfg: DictConfig) -> dict | None:
-    try:
-        return distill(cfg)
-    except (ConfigError, ModelLoadError) as e:
-        print(f"rapid: {e}")
-        sys.exit(2)
+    return distill(cfg)
 
 
 def distill(cfg: DictConfig) -> dict:

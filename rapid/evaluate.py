@@ -19,6 +19,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from rapid.config import exit_on_config_error
 from rapid.distributed import all_reduce_sum
 
 
@@ -58,6 +59,7 @@ def evaluate(sampler, task, records: list[dict], prompts: list[list[int]], *, ma
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
+@exit_on_config_error
 def main(cfg: DictConfig) -> dict:
     """Evaluate a model (cfg.model) or a training checkpoint (eval.checkpoint) on the task's test split."""
     from rapid import distributed

@@ -34,12 +34,12 @@ from tqdm import tqdm
 
 from rapid import checkpoint, distributed
 from rapid.buffer import Rollout
-from rapid.config import DTYPES, ConfigError
+from rapid.config import DTYPES, ConfigError, exit_on_config_error
 from rapid.data import PromptStream
 from rapid.distill import record_id
 from rapid.evaluate import evaluate
 from rapid.logger import MetricsLogger
-from rapid.models import ModelLoadError, load_model_and_tokenizer
+from rapid.models import load_model_and_tokenizer
 from rapid.policy import CompletionLogprobs, accumulate_gradients
 from rapid.sampler import make_sampler
 from rapid.seeding import derive_seed
@@ -84,12 +84,9 @@ def load_examples(path: Path, train_records: list[dict], train_prompts: list[lis
 
 
 @hydra.main(config_path="../conf", config_name="sft", version_base=None)
+@exit_on_config_error
 def main(cfg: DictConfig) -> dict | None:
-    try:
-        return sft(cfg)
-    except (ConfigError, ModelLoadError) as e:
-        print(f"rapid: {e}")
-        sys.exit(2)
+    return sft(cfg)
 
 
 def sft(cfg: DictConfig) -> dict:

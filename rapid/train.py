@@ -40,14 +40,14 @@ from tqdm import tqdm
 
 from rapid import checkpoint, distributed
 from rapid.buffer import ReplayBuffer, Rollout, keep_informative_groups
-from rapid.config import DTYPES, ConfigError, register_resolvers, validate
+from rapid.config import DTYPES, ConfigError, exit_on_config_error, register_resolvers, validate
 from rapid.data import PromptStream
 from rapid.distributed import all_reduce_max, all_reduce_sum, print0
 from rapid.evaluate import evaluate
 from rapid.iw_grpg import iw_grpg_loss, masked_mean, sequence_logprobs
 from rapid.losses import dapo_loss, group_normalized_advantages, grpo_loss, overlong_penalty
 from rapid.logger import MetricsLogger
-from rapid.models import ModelLoadError, load_model_and_tokenizer
+from rapid.models import load_model_and_tokenizer
 from rapid.policy import (CompletionLogprobs, accumulate_gradients, autocast, completion_logprobs,
                           recompute_behavior_logprobs)
 from rapid.rewards import score
@@ -90,12 +90,10 @@ def git_commit() -> str | None:
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
+@exit_on_config_error
 def main(cfg: DictConfig) -> dict | None:
     try:
         return train(cfg)
-    except (ConfigError, ModelLoadError) as e:
-        print0(f"rapid: {e}")
-        sys.exit(2)
     finally:
         distributed.shutdown()
 
