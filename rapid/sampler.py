@@ -185,6 +185,8 @@ class VLLMSampler:
                  kv_cache_memory_bytes: int | None, gpu_memory_utilization: float, enable_prefix_caching: bool,
                  sleep_during_train: bool):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # the engine must live in this process
+        # Without OMP_NUM_THREADS the CPU engine drops torch (and so training) to one thread.
+        os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
         from vllm import LLM
 
         check_vllm_version()
