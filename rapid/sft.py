@@ -43,7 +43,7 @@ from rapid.models import load_model_and_tokenizer
 from rapid.policy import CompletionLogprobs, accumulate_gradients
 from rapid.sampler import make_sampler
 from rapid.seeding import derive_seed
-from rapid.tasks import get_task
+from rapid.tasks import load_splits
 from rapid.train import git_commit
 
 DATA_STREAM, EVAL_STREAM, ENGINE_STREAM = 20, 21, 22    # derived-seed tags
@@ -107,12 +107,8 @@ def sft(cfg: DictConfig) -> dict:
     model, tokenizer = load_model_and_tokenizer(cfg.model.path, cfg.model.gguf, cfg.model.tiny,
                                                 cfg.model.gradient_checkpointing, seed=cfg.seed)
     model.to(device)
-    task = get_task(t.name)
-    train_records = task.load("train", **t)
-    eval_records = task.load("test", **t)[:cfg.eval.n]
-    eval_prompts = task.build_prompts(eval_records, tokenizer, **t)
-    examples, reencoded = load_examples(data, train_records, task.build_prompts(train_records, tokenizer, **t),
-                                        tokenizer, t.name)
+    task, train_records, train_prompts, eval_records, eval_prompts = load_splits(t, tokenizer, cfg.eval.n)
+    examples, reencoded = load_examples(data, train_records, train_prompts, tokenizer, t.name)
     if reencoded:
         print(f"{reencoded} of {len(examples)} completions re-encoded from their text (the teacher's prompt ids differ)")
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -53,7 +53,7 @@ from rapid.policy import (CompletionLogprobs, accumulate_gradients, autocast, co
 from rapid.rewards import score
 from rapid.sampler import make_sampler
 from rapid.seeding import derive_seed
-from rapid.tasks import get_task
+from rapid.tasks import load_splits
 
 SAMPLE_STREAM, BUFFER_STREAM = 0, 1    # tags that keep derived seed streams apart
 STAT_NAMES = {"clip_frac": "iw/clip_frac", "staleness": "iw/staleness", "iw_mean": "iw/mean", "loss": "train/loss"}
@@ -121,11 +121,7 @@ def train(cfg: DictConfig) -> dict:
     model, tokenizer = load_model_and_tokenizer(cfg.model.path, cfg.model.gguf, cfg.model.tiny,
                                                 cfg.model.gradient_checkpointing, seed=cfg.seed)
     model.to(device)
-    task = get_task(t.name)
-    train_records = task.load("train", **t)
-    eval_records = task.load("test", **t)[:cfg.eval.n]
-    train_prompts = task.build_prompts(train_records, tokenizer, **t)
-    eval_prompts = task.build_prompts(eval_records, tokenizer, **t)
+    task, train_records, train_prompts, eval_records, eval_prompts = load_splits(t, tokenizer, cfg.eval.n)
     if cfg.rounds is None:   # whole epochs over the training set
         cfg.rounds = math.ceil(cfg.epochs * len(train_records) / (a.n_inference // a.n_group))
     if distributed.is_main():

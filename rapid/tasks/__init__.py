@@ -31,3 +31,13 @@ def encode_prompts(user_texts: list[str], tokenizer, system: str = "", use_chat_
     else:
         texts = [(system + "\n\n" if system else "") + plain_format.format(text=t) for t in user_texts]
     return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+def load_splits(task_cfg, tokenizer, n_eval: int | None = None):
+    """(task module, train records, train prompts, eval records, eval prompts) for a `task` config;
+    the eval split is cut to its first `n_eval` records."""
+    task = get_task(task_cfg.name)
+    train_records = task.load("train", **task_cfg)
+    eval_records = task.load("test", **task_cfg)[:n_eval]
+    return (task, train_records, task.build_prompts(train_records, tokenizer, **task_cfg),
+            eval_records, task.build_prompts(eval_records, tokenizer, **task_cfg))
