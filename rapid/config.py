@@ -55,7 +55,7 @@ def validate(cfg: DictConfig, world: int) -> None:
         (cfg.model.dtype in DTYPES, f"model.dtype={cfg.model.dtype} must be one of {', '.join(DTYPES)}"),
         (cfg.sampler.temperature > 0, f"sampler.temperature={cfg.sampler.temperature} must be > 0 for RL "
          "(log-probs are taken at the sampling temperature)"),
-        (a.loss in ("iw_grpg", "grpo", "dapo"), f"algorithm.loss={a.loss} must be iw_grpg, grpo or dapo"),
+        (a.loss in ("iw_grpg", "grpo", "dapo"), f"algorithm.loss={a.loss} must be iw_grpg, grpo, dapo or sft"),
         (a.behavior_logprobs in ("sampler", "recompute"),
          f"algorithm.behavior_logprobs={a.behavior_logprobs} must be sampler or recompute"),
         (cfg.rounds is None or cfg.rounds >= 1, f"rounds={cfg.rounds} must be at least 1 (or null: epochs)"),

@@ -36,12 +36,12 @@ from tqdm import tqdm
 
 from rapid import distributed
 from rapid.config import DTYPES, ConfigError, exit_on_config_error
+from rapid.logger import git_commit
 from rapid.models import load_model_and_tokenizer
 from rapid.rewards import score
 from rapid.sampler import make_sampler
 from rapid.seeding import derive_seed
 from rapid.tasks import get_task
-from rapid.train import git_commit
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SAMPLE_STREAM, ENGINE_STREAM = 10, 11    # derived-seed tags, apart from rapid.train's
@@ -74,8 +74,9 @@ def main(cfg: DictConfig) -> dict | None:
     return distill(cfg)
 
 
-def distill(cfg: DictConfig) -> dict:
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+def distill(cfg: DictConfig, run_dir: Path | None = None) -> dict:
+    """Writes <run_dir>/distill.jsonl and distill_summary.json (run_dir: Hydra's run folder by default)."""
+    run_dir = Path(run_dir or HydraConfig.get().runtime.output_dir)
     _, world, device = distributed.init(cfg.device)
     if world > 1:
         raise ConfigError("rapid.distill runs in one process: launch it with python -m, not torchrun")

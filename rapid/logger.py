@@ -7,7 +7,17 @@ reads as if the run had never stopped.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
+
+
+def git_commit() -> str | None:
+    """The commit of the code that ran (recorded in every run's meta.json)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 class MetricsLogger:

@@ -18,6 +18,7 @@ student's tokenizer (plus EOS where the teacher stopped) after the student's own
     python -m rapid.distill                                    # writes outputs/<distill run>/distill.jsonl
     python -m rapid.sft distill.data=outputs/<distill run>/distill.jsonl
     python -m rapid.sft distill.data=outputs/<distill run> model=qwen2.5_0.5b task=math sft.batch_size=32
+    python -m rapid.train +experiment=math_h8 algorithm=sft algorithm.distill.teacher=qwen2.5_1.5b   # both
 """
 from __future__ import annotations
 
@@ -36,17 +37,17 @@ from rapid import checkpoint, distributed
 from rapid.buffer import Rollout
 from rapid.config import DTYPES, ConfigError, exit_on_config_error
 from rapid.data import PromptStream
-from rapid.distill import record_id
+from rapid.distill import distill, record_id
 from rapid.evaluate import evaluate
-from rapid.logger import MetricsLogger
+from rapid.logger import MetricsLogger, git_commit
 from rapid.models import load_model_and_tokenizer
 from rapid.policy import CompletionLogprobs, accumulate_gradients
 from rapid.sampler import make_sampler
 from rapid.seeding import derive_seed
 from rapid.tasks import load_splits
-from rapid.train import git_commit
 
 DATA_STREAM, EVAL_STREAM, ENGINE_STREAM = 20, 21, 22    # derived-seed tags
+SHARED_KEYS = ("seed", "device", "task", "model", "sampler", "reward", "logger")   # rapid.train config -> sft config
 
 
 def sft_loss(token_logp: torch.Tensor, mask: torch.Tensor, normalizer: int | None = None) -> tuple[torch.Tensor, dict]:
@@ -89,9 +90,9 @@ def main(cfg: DictConfig) -> dict | None:
     return sft(cfg)
 
 
-def sft(cfg: DictConfig) -> dict:
+def sft(cfg: DictConfig, run_dir: Path | None = None) -> dict:
     # ---------------------------------------------------------------- setup
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run_dir = Path(run_dir or HydraConfig.get().runtime.output_dir)
     _, world, device = distributed.init(cfg.device)
     if world > 1:
         raise ConfigError("rapid.sft runs in one process: launch it with python -m, not torchrun")
@@ -188,6 +189,32 @@ def sft(cfg: DictConfig) -> dict:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
     logger.close()
+    return summary
+
+
+def pair_config(cfg: DictConfig) -> DictConfig:
+    """The rapid.distill / rapid.sft config of a `rapid.train algorithm=sft` run: the run's seed, device,
+    task, model, sampler, reward, logger and evaluation settings, and the algorithm's distill: and sft:
+    groups (conf/stage/)."""
+    pair = OmegaConf.merge({k: cfg[k] for k in SHARED_KEYS}, {"distill": cfg.algorithm.distill, "sft": cfg.algorithm.sft},
+                           {"eval": {**{k: cfg.eval[k] for k in ("n", "temperature", "n_samples", "ks")}, "every": 0}})
+    OmegaConf.set_struct(pair, True)
+    return pair
+
+
+def distill_and_sft(cfg: DictConfig, run_dir: Path) -> dict:
+    """`python -m rapid.train algorithm=sft`: the SFT baseline in one run, rapid.distill in <run_dir>/distill
+    and rapid.sft on its output in <run_dir>/sft; <run_dir>/summary.json holds both."""
+    if cfg.resume:
+        raise ConfigError("algorithm=sft cannot resume; rerun it (distillation and 3 SFT epochs are short)")
+    pair = pair_config(cfg)
+    counts = distill(pair, run_dir / "distill")
+    pair.distill.data = str(run_dir / "distill" / "distill.jsonl")
+    summary = sft(pair, run_dir / "sft")
+    summary = {**summary, "distill": {k: counts[k] for k in ("prompts", "generated", "kept", "acceptance_rate",
+                                                             "teacher", "time/total_s")},
+               "time/total_s": counts["time/total_s"] + summary["time/total_s"]}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 

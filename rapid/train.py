@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -46,12 +45,13 @@ from rapid.distributed import all_reduce_max, all_reduce_sum, print0
 from rapid.evaluate import evaluate
 from rapid.iw_grpg import iw_grpg_loss, masked_mean, sequence_logprobs
 from rapid.losses import dapo_loss, group_normalized_advantages, grpo_loss, overlong_penalty
-from rapid.logger import MetricsLogger
+from rapid.logger import MetricsLogger, git_commit
 from rapid.models import load_model_and_tokenizer
 from rapid.policy import (CompletionLogprobs, accumulate_gradients, autocast, completion_logprobs,
                           recompute_behavior_logprobs)
 from rapid.rewards import score
 from rapid.sampler import make_sampler
+from rapid.sft import distill_and_sft
 from rapid.seeding import derive_seed
 from rapid.tasks import load_splits
 
@@ -81,18 +81,12 @@ def trim_to_minibatches(rollouts: list[Rollout], local_step: int, target: int, d
     return rollouts[:n]
 
 
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
 @exit_on_config_error
 def main(cfg: DictConfig) -> dict | None:
     try:
+        if cfg.algorithm.loss == "sft":    # the SFT baseline: rapid.distill, then rapid.sft, in one run
+            return distill_and_sft(cfg, Path(HydraConfig.get().runtime.output_dir))
         return train(cfg)
     finally:
         distributed.shutdown()

@@ -217,3 +217,33 @@ def test_distill_then_sft_end_to_end(tmp_path):
 def test_sft_without_data_says_how_to_make_it(tmp_path):
     proc = launch("rapid.sft", [*SMOKE, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, check=False)
     assert_one_sentence_error(proc.returncode, proc.stdout, ("distill.data", "rapid.distill"))
+
+
+@pytest.mark.slow
+def test_algorithm_sft_runs_the_pair_through_train(tmp_path):
+    """`python -m rapid.train +experiment=smoke algorithm=sft` runs rapid.distill then rapid.sft in one run
+    with the experiment's task, model and seed, and the algorithm's distill/sft overrides."""
+    run = tmp_path / "run"
+    launch("rapid.train", ["+experiment=smoke", "algorithm=sft", "sampler=hf", "device=cpu",
+                           "algorithm.distill.n_prompts=24", "algorithm.distill.chunk=8", "algorithm.sft.epochs=2",
+                           f"hydra.run.dir={run}"], tmp_path)
+    rows = [json.loads(line) for line in (run / "distill" / "distill.jsonl").read_text().splitlines()]
+    distilled = json.loads((run / "distill" / "distill_summary.json").read_text())
+    assert distilled["prompts"] == 24 and distilled["generated"] == 120 and distilled["kept"] == len(rows) > 0
+    assert all(contains_digit(r["text"], None) == 1.0 for r in rows)
+    pair = yaml.safe_load((run / "sft" / "config.yaml").read_text())
+    assert pair["task"]["max_new_tokens"] == 8 and pair["model"]["name"] == "tiny-llama"     # from +experiment=smoke
+    assert pair["sft"]["epochs"] == 2 and pair["sft"]["lr"] == 2e-5 and pair["distill"]["n_samples"] == 5
+    assert pair["distill"]["data"] == str(run / "distill" / "distill.jsonl")
+    trains = [r for r in read_rows(run / "sft") if "train/loss" in r]
+    assert [r["epoch"] for r in trains] == [1.0, 2.0]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["algorithm"] == "sft" and summary["examples"] == len(rows) and summary["epochs"] == 2
+    assert summary["distill"]["kept"] == len(rows)
+    assert summary["eval/accuracy_after"] == json.loads((run / "sft" / "summary.json").read_text())["eval/accuracy_after"]
+
+
+def test_algorithm_sft_rejects_an_unknown_key(tmp_path):
+    proc = launch("rapid.train", ["+experiment=smoke", "algorithm=sft", "sampler=hf", "device=cpu",
+                                  "algorithm.sft.epoch=2", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, check=False)
+    assert proc.returncode != 0 and "algorithm.sft.epoch" in proc.stdout and "Traceback" not in proc.stdout
