@@ -28,6 +28,7 @@ class Rollout:
     group_id: int                # index of the prompt's group N_k (unique within a round)
     truncated: bool              # hit the completion length limit without stopping
     text: str = ""               # decoded completion, for logging and rewards
+    prompt_index: int = -1       # position of the problem in the task's training split
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Metrics: one JSON object per line in <run_dir>/metrics.jsonl, and wandb when asked for.
 
 Keys are namespaced (`train/`, `iw/`, `eval/`, `time/`, `sampler/`) with units in the name.
-Only rank 0 writes. On resume, rows after the checkpoint's round are dropped first, so the file
+With `logger.rollouts=true` every round's samples go to <run_dir>/rollouts.jsonl as well
+(prompt index, completion token ids and text, reward). Only rank 0 writes. On resume, rows after the checkpoint's round are dropped first, so the file
 reads as if the run had never stopped.
 """
 from __future__ import annotations
@@ -27,10 +28,11 @@ class MetricsLogger:
         self.enabled, self.wandb = enabled, None
         if not enabled:
             return
-        if resume_round is not None and self.path.exists():
-            rows = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-            kept = [r for r in rows if r.get("round", 0) <= resume_round]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        for path in (self.path, self.path.parent / "rollouts.jsonl"):
+            if resume_round is not None and path.exists():
+                rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                kept = [r for r in rows if r.get("round", 0) <= resume_round]
+                path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         if wandb_cfg and wandb_cfg.get("enabled"):
             import wandb  # optional dependency (`pip install rapid[wandb]`); WANDB_MODE=offline works
 
@@ -49,6 +51,17 @@ class MetricsLogger:
             f.write(json.dumps(row) + "\n")
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in row.items() if k != "round"}, step=row.get("round"))
+
+    def log_rollouts(self, round_: int, rollouts: list) -> None:
+        """This rank's samples of a round, one JSON object a line, in <run_dir>/rollouts.jsonl (on every rank
+        that logs: the records of a multi-GPU run are rank 0's share)."""
+        if not self.enabled:
+            return
+        with (self.path.parent / "rollouts.jsonl").open("a") as f:
+            for r in rollouts:
+                f.write(json.dumps({"round": round_, "group": r.group_id, "prompt_index": r.prompt_index,
+                                    "completion_ids": r.completion_ids, "text": r.text, "reward": r.reward,
+                                    "truncated": r.truncated}) + "\n")
 
     def close(self) -> None:
         if self.wandb is not None:

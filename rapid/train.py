@@ -49,6 +49,7 @@ from rapid.logger import MetricsLogger, git_commit
 from rapid.models import load_model_and_tokenizer
 from rapid.policy import (CompletionLogprobs, accumulate_gradients, autocast, completion_logprobs,
                           recompute_behavior_logprobs)
+from rapid.profiling import PhaseClock
 from rapid.rewards import score
 from rapid.sampler import make_sampler
 from rapid.sft import distill_and_sft
@@ -56,6 +57,7 @@ from rapid.seeding import derive_seed
 from rapid.tasks import load_splits
 
 SAMPLE_STREAM, BUFFER_STREAM = 0, 1    # tags that keep derived seed streams apart
+PHASES = ("generate", "reward", "recompute", "train", "sync")   # a round's timed phases (+ other)
 STAT_NAMES = {"clip_frac": "iw/clip_frac", "staleness": "iw/staleness", "iw_mean": "iw/mean", "loss": "train/loss"}
 
 register_resolvers()
@@ -174,25 +176,23 @@ def train(cfg: DictConfig) -> dict:
         stats["token_logp_gap"] = masked_mean((token_logp.detach() - batch.logp_mu).abs(), mask).item()
         return loss, stats
 
-    def sample_and_score(round_: int, positions: list[int], indices: list[int], clock: dict) -> tuple[list[Rollout], int]:
+    def sample_and_score(round_: int, positions: list[int], indices: list[int], clock: PhaseClock) -> tuple[list[Rollout], int]:
         """n_group completions per prompt with μ = π_θ, seeds from (round, prompt, sample), scored
         (a crashed or timed-out checker scores 0 and is counted)."""
-        t0 = time.perf_counter()
         seeds = [derive_seed(cfg.seed, SAMPLE_STREAM, round_, p) for p in positions]
-        groups = sampler.generate([train_prompts[i] for i in indices], n=a.n_group,
-                                  max_new_tokens=t.max_new_tokens, temperature=temperature, seeds=seeds)
-        t1 = time.perf_counter()
+        with clock.phase("generate"):
+            groups = sampler.generate([train_prompts[i] for i in indices], n=a.n_group,
+                                      max_new_tokens=t.max_new_tokens, temperature=temperature, seeds=seeds)
         flat = [(p, i, c) for p, i, group in zip(positions, indices, groups) for c in group]
-        rewards, failed = score(task, [c.text for _, _, c in flat], [train_records[i] for _, i, _ in flat],
-                                workers=cfg.reward.workers, timeout=cfg.reward.timeout_s)
-        clock["generate"] += t1 - t0
-        clock["reward"] += time.perf_counter() - t1
+        with clock.phase("reward"):
+            rewards, failed = score(task, [c.text for _, _, c in flat], [train_records[i] for _, i, _ in flat],
+                                    workers=cfg.reward.workers, timeout=cfg.reward.timeout_s)
         if a.get("overlong_cache", 0):          # DAPO's soft overlong punishment
             lengths = torch.tensor([len(c.token_ids) for _, _, c in flat])
             rewards = (torch.tensor(rewards) + overlong_penalty(lengths, t.max_new_tokens, a.overlong_cache,
                                                                 a.overlong_penalty)).tolist()
         return [Rollout(prompt_ids=train_prompts[i], completion_ids=c.token_ids, logp_mu=c.logprobs, reward=r,
-                        group_id=p, truncated=c.finish_reason == "length", text=c.text)
+                        group_id=p, truncated=c.finish_reason == "length", text=c.text, prompt_index=i)
                 for (p, i, c), r in zip(flat, rewards)], failed
 
     def run_eval(round_: int, log: bool = True) -> dict:
@@ -219,7 +219,7 @@ def train(cfg: DictConfig) -> dict:
         # 1-3. prompts X_t (the round's n_inference / n_group; this rank takes every world-th), sampled and scored
         positions = list(range(rank, n_prompts, world))
         round_indices = stream.take(n_prompts)
-        clock = {"generate": 0.0, "reward": 0.0}
+        clock = PhaseClock(device)
         rollouts, failed = sample_and_score(round_, positions, [round_indices[p] for p in positions], clock)
         dropped = 0
         if a.get("dynamic_sampling", False):    # DAPO: drop all-equal groups, sample more prompts until full
@@ -234,35 +234,36 @@ def train(cfg: DictConfig) -> dict:
                 extra, d = keep_informative_groups(extra)
                 rollouts, failed, dropped = rollouts + extra, failed + f, dropped + d
             rollouts = trim_to_minibatches(rollouts, a.n_step // world, len(positions) * a.n_group, device)
-        t2 = time.perf_counter()
         mismatch = None
         if a.behavior_logprobs == "recompute":   # exact log μ: one trainer forward pass, θ = μ here
-            mismatch = recompute_behavior_logprobs(policy, rollouts, micro_batch=cfg.train.micro_batch,
-                                                   pad_id=sampler.pad_id, device=device, compute_dtype=compute_dtype)
-        t3 = time.perf_counter()
-        sampler.sleep()
+            with clock.phase("recompute"):
+                mismatch = recompute_behavior_logprobs(policy, rollouts, micro_batch=cfg.train.micro_batch,
+                                                       pad_id=sampler.pad_id, device=device, compute_dtype=compute_dtype)
+        with clock.phase("sync"):
+            sampler.sleep()
         # 4. Z_t
         buffer.clear()
         buffer.add(rollouts)
         # 5. H gradient steps on group-aligned minibatches (n_step records over all ranks)
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, BUFFER_STREAM, round_))
         steps = []
-        for minibatch in [mb for _ in range(a.get("num_iterations", 1)) for mb in buffer.minibatches(a.n_step // world, shuffle)]:
-            stats = accumulate_gradients(policy, minibatch, loss_fn, micro_batch=cfg.train.micro_batch,
-                                         pad_id=sampler.pad_id, device=device,
-                                         compute_dtype=compute_dtype)
-            stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip).item()
-            stats["lr"] = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            steps.append(stats)
-        t4 = time.perf_counter()
+        with clock.phase("train"):
+            for minibatch in [mb for _ in range(a.get("num_iterations", 1)) for mb in buffer.minibatches(a.n_step // world, shuffle)]:
+                stats = accumulate_gradients(policy, minibatch, loss_fn, micro_batch=cfg.train.micro_batch,
+                                             pad_id=sampler.pad_id, device=device, compute_dtype=compute_dtype)
+                stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip).item()
+                stats["lr"] = scheduler.get_last_lr()[0]
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                steps.append(stats)
         # 6. the new weights go to the sampler, in place
-        sampler.wake_up()
-        sampler.sync_weights(model)
-        t5 = time.perf_counter()
-        # 7. log (sums over ranks, then means)
+        with clock.phase("sync"):
+            sampler.wake_up()
+            sampler.sync_weights(model)
+        round_s = time.perf_counter() - t0
+        # 7. log (sums over ranks, then means; times and memory are rank 0's)
+        phases = {f"time/{p}_s": 0.0 for p in PHASES} | clock.row()
         n_tokens = sum(len(r.completion_ids) for r in rollouts)
         loss_keys = sorted(k for k in steps[0] if k not in ("iw_max", "token_logp_gap", "grad_norm", "lr"))
         sums = all_reduce_sum([len(rollouts), failed, dropped, sum(r.reward for r in rollouts),
@@ -276,14 +277,16 @@ def train(cfg: DictConfig) -> dict:
                "sampler/logprob_mismatch": sums[7] / world,
                **{STAT_NAMES.get(k, f"loss/{k}"): v / world for k, v in zip(loss_keys, sums[8:])},
                "train/grad_norm": steps[-1]["grad_norm"], "train/lr": steps[-1]["lr"],
-               "time/generate_s": clock["generate"], "time/reward_s": clock["reward"], "time/recompute_s": t3 - t2,
-               "time/train_s": t4 - t3, "time/sync_s": t5 - t4, "time/round_s": t5 - t0,
-               "sampler/tokens_per_s": n_tokens / max(clock["generate"], 1e-9) * world, "wall_s": time.perf_counter() - t_start}
+               **phases, "time/other_s": round_s - sum(phases[f"time/{p}_s"] for p in PHASES), "time/round_s": round_s,
+               "sampler/tokens_per_s": n_tokens / max(phases["time/generate_s"], 1e-9) * world,
+               "wall_s": time.perf_counter() - t_start}
         if "iw_max" in steps[0]:
             row["iw/max"] = all_reduce_max(max(s["iw_max"] for s in steps), device)
         if a.get("dynamic_sampling", False):
             row["train/dropped_groups"] = int(sums[2])
         logger.log(row)
+        if cfg.logger.rollouts:
+            logger.log_rollouts(round_ + 1, rollouts)
         bar.set_postfix(reward=f"{row['train/reward_mean']:.3f}", clip=f"{row.get('iw/clip_frac', 0):.2f}",
                         stale=f"{row.get('iw/staleness', 0):.3f}", s_round=f"{row['time/round_s']:.1f}")
         last = round_ + 1 == cfg.rounds
@@ -304,8 +307,10 @@ def train(cfg: DictConfig) -> dict:
                "eval/accuracy_after": final["eval/accuracy"], "rounds": cfg.rounds,
                "samples": cfg.rounds * a.n_inference, "sampler": sampler.name, "algorithm": a.name,
                "time/total_s": time.perf_counter() - t_start,
-               **{f"{k}_total": sum(r[k] for r in train_rows)
-                  for k in ("time/generate_s", "time/reward_s", "time/recompute_s", "time/train_s", "time/sync_s")}}
+               "time/rounds_s_total": sum(r["time/round_s"] for r in train_rows),
+               **{f"time/{p}_s_total": sum(r[f"time/{p}_s"] for r in train_rows) for p in (*PHASES, "other")},
+               **{f"{k}_max": max(r[k] for r in train_rows if k in r)
+                  for k in sorted({k for r in train_rows for k in r if k.startswith("mem/") and k != "mem/peak_is_process"})}}
     if distributed.is_main():
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print0(json.dumps(summary, indent=2))

@@ -1,0 +1,81 @@
+"""Where a round's time and memory go: wall time and peak memory per phase.
+
+    clock = PhaseClock(device)
+    with clock.phase("generate"):
+        ...
+    clock.row()   # {"time/generate_s": ..., "mem/generate_rss_mib": ..., ...}
+
+Peak memory is measured per phase, not per process: on CPU the kernel's resident-set high-water
+mark (VmHWM) of this process is reset when a phase starts (`/proc/self/clear_refs`, Linux) and read
+when it ends; on CUDA, `torch.cuda.max_memory_allocated` / `max_memory_reserved` after
+`reset_peak_memory_stats`. Child processes (reward workers) are not counted. Where the high-water
+mark cannot be reset, the RSS reading is the process's peak so far (`mem/peak_is_process`).
+A phase entered several times in a round (dynamic sampling) adds its times and keeps its largest peak.
+CUDA work is synchronised at phase boundaries so that asynchronous kernels count where they ran.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+MIB = 2 ** 20
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_STATUS = Path("/proc/self/status")
+
+
+def _reset_rss_peak() -> bool:
+    try:
+        _CLEAR_REFS.write_text("5")   # "5" resets the peak RSS (VmHWM) to the current RSS
+        return True
+    except OSError:
+        return False
+
+
+def rss_peak_mib() -> float | None:
+    """This process's resident-set high-water mark (VmHWM), MiB; None off Linux."""
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+class PhaseClock:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.memory: dict[str, float] = {}
+        self.peak_is_process = False
+
+    @contextmanager
+    def phase(self, name: str):
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        self.peak_is_process |= not _reset_rss_peak()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.cuda:
+                torch.cuda.synchronize()
+            self.seconds[name] += time.perf_counter() - t0
+            peaks = {"rss_mib": rss_peak_mib()}
+            if self.cuda:
+                peaks |= {"cuda_alloc_mib": torch.cuda.max_memory_allocated() / MIB,
+                          "cuda_reserved_mib": torch.cuda.max_memory_reserved() / MIB}
+            for key, value in peaks.items():
+                if value is not None:
+                    self.memory[f"mem/{name}_{key}"] = max(value, self.memory.get(f"mem/{name}_{key}", 0.0))
+
+    def row(self) -> dict:
+        row = {f"time/{name}_s": s for name, s in self.seconds.items()} | self.memory
+        if self.peak_is_process:
+            row["mem/peak_is_process"] = True
+        return row
