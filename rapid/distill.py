@@ -64,7 +64,7 @@ def teacher_config(teacher: str | None, model_cfg: DictConfig) -> DictConfig:
     entry = CONF / "model" / f"{teacher}.yaml"
     if entry.exists():
         return OmegaConf.load(entry)
-    return OmegaConf.create({"name": str(teacher), "path": str(teacher), "gguf": None, "tiny": None,
+    return OmegaConf.create({"name": str(teacher), "path": str(teacher), "gguf": None, "architecture": None,
                              "dtype": model_cfg.dtype})
 
 
@@ -84,7 +84,7 @@ def distill(cfg: DictConfig, run_dir: Path | None = None) -> dict:
     if d.n_samples < 1 or d.temperature <= 0:
         raise ConfigError(f"distill.n_samples={d.n_samples} must be >= 1 and distill.temperature={d.temperature} > 0")
     teacher_cfg = teacher_config(d.teacher, cfg.model)
-    teacher, tokenizer = load_model_and_tokenizer(teacher_cfg.path, teacher_cfg.gguf, teacher_cfg.tiny, seed=cfg.seed)
+    teacher, tokenizer = load_model_and_tokenizer(teacher_cfg.path, teacher_cfg.gguf, teacher_cfg.architecture, seed=cfg.seed)
     teacher.to(device).eval()
     task = get_task(t.name)
     records = task.load("train", **t)[:d.n_prompts]

@@ -72,8 +72,8 @@ def main(cfg: DictConfig) -> dict:
     rank, world, device = distributed.init(cfg.device)
     path = str(Path(cfg.eval.checkpoint) / "model") if cfg.eval.checkpoint else cfg.model.path
     gguf = None if cfg.eval.checkpoint else cfg.model.gguf
-    tiny = None if cfg.eval.checkpoint else cfg.model.tiny
-    model, tokenizer = load_model_and_tokenizer(path, gguf, tiny, seed=cfg.seed)
+    architecture = None if cfg.eval.checkpoint else cfg.model.architecture
+    model, tokenizer = load_model_and_tokenizer(path, gguf, architecture, seed=cfg.seed)
     model.to(device).eval()
     task = get_task(cfg.task.name)
     records = task.load("test", **cfg.task)[:cfg.eval.n]

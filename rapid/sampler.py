@@ -89,9 +89,9 @@ class HFSampler:
     name = "hf"
 
     def __init__(self, model: torch.nn.Module, tokenizer, batch_size: int = 64,
-                 autocast_dtype: torch.dtype | None = None):
+                 autocast_dtype: torch.dtype | None = None, ignore_eos: bool = False):
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
-        self.autocast_dtype = autocast_dtype
+        self.autocast_dtype, self.ignore_eos = autocast_dtype, ignore_eos
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos_ids = sorted({tokenizer.eos_token_id, *_as_list(model_eos)} - {None})
@@ -139,7 +139,7 @@ class HFSampler:
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         recorder = _SampleAndRecord(generators, temperature, top_p)
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-                                  eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
+                                  eos_token_id=[] if self.ignore_eos else self.eos_ids, pad_token_id=self.pad_id)
         with _autocast(device, self.autocast_dtype):
             cache = None
             if n > 1 and P > 1:
@@ -157,7 +157,7 @@ class HFSampler:
         completions = []
         for r in range(len(new)):
             ids = new[r].tolist()
-            stop = next((t for t, tok in enumerate(ids) if tok in self.eos_ids), None)
+            stop = None if self.ignore_eos else next((t for t, tok in enumerate(ids) if tok in self.eos_ids), None)
             length = len(ids) if stop is None else stop + 1
             ids = ids[:length]
             completions.append(Completion(
@@ -183,7 +183,7 @@ class VLLMSampler:
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, dtype: torch.dtype, seed: int, max_model_len: int,
                  kv_cache_memory_bytes: int | None, gpu_memory_utilization: float, enable_prefix_caching: bool,
-                 sleep_during_train: bool):
+                 sleep_during_train: bool, ignore_eos: bool = False):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # the engine must live in this process
         # Without OMP_NUM_THREADS the CPU engine drops torch (and so training) to one thread.
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
@@ -197,7 +197,7 @@ class VLLMSampler:
         self.dtype = dtype
         self.cuda = next(model.parameters()).is_cuda
         self.sleeping, self.sleep_during_train = False, sleep_during_train and self.cuda
-        self.ignore_eos = False     # benchmarks set it to generate fixed lengths
+        self.ignore_eos = ignore_eos     # every completion max_new_tokens long (throughput benchmarks)
         self._folder = tempfile.TemporaryDirectory(prefix="rapid-vllm-")
         # Every rank writes its own copy (transformers' save_pretrained writes weights on rank 0 only).
         # A tied tensor is written once, under its first name (the input embedding), as checkpoints do.
@@ -312,7 +312,8 @@ def make_sampler(cfg, model: torch.nn.Module, tokenizer, compute_dtype: torch.dt
                                kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
                                gpu_memory_utilization=cfg.gpu_memory_utilization,
                                enable_prefix_caching=cfg.enable_prefix_caching,
-                               sleep_during_train=cfg.sleep_during_train)
+                               sleep_during_train=cfg.sleep_during_train, ignore_eos=cfg.get("ignore_eos", False))
     elif cfg.name != "hf":
         raise ConfigError(f"unknown sampler '{cfg.name}': choose sampler=vllm or sampler=hf")
-    return HFSampler(model, tokenizer, batch_size=cfg.batch_size, autocast_dtype=compute_dtype)
+    return HFSampler(model, tokenizer, batch_size=cfg.batch_size, autocast_dtype=compute_dtype,
+                     ignore_eos=cfg.get("ignore_eos", False))

@@ -105,7 +105,7 @@ def sft(cfg: DictConfig, run_dir: Path | None = None) -> dict:
         raise ConfigError(f"distill.data={cfg.distill.data}: no such file; run python -m rapid.distill first")
     compute_dtype = DTYPES[cfg.model.dtype]
     torch.manual_seed(cfg.seed)
-    model, tokenizer = load_model_and_tokenizer(cfg.model.path, cfg.model.gguf, cfg.model.tiny,
+    model, tokenizer = load_model_and_tokenizer(cfg.model.path, cfg.model.gguf, cfg.model.architecture,
                                                 cfg.model.gradient_checkpointing, seed=cfg.seed)
     model.to(device)
     task, train_records, train_prompts, eval_records, eval_prompts = load_splits(t, tokenizer, cfg.eval.n)

@@ -114,7 +114,7 @@ def train(cfg: DictConfig) -> dict:
     compute_dtype = DTYPES[cfg.model.dtype]
     temperature = cfg.sampler.temperature
     torch.manual_seed(cfg.seed)
-    model, tokenizer = load_model_and_tokenizer(cfg.model.path, cfg.model.gguf, cfg.model.tiny,
+    model, tokenizer = load_model_and_tokenizer(cfg.model.path, cfg.model.gguf, cfg.model.architecture,
                                                 cfg.model.gradient_checkpointing, seed=cfg.seed)
     model.to(device)
     task, train_records, train_prompts, eval_records, eval_prompts = load_splits(t, tokenizer, cfg.eval.n)

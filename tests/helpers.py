@@ -10,7 +10,7 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
 
 
 def tiny_model(seed: int = 0):
-    model, tokenizer = load_model_and_tokenizer(tiny=TINY, seed=seed)
+    model, tokenizer = load_model_and_tokenizer(architecture=TINY, seed=seed)
     # Random init is nearly uniform over the vocabulary; sharpen it so that log-probs differ.
     with torch.no_grad():
         model.model.embed_tokens.weight.mul_(4.0)

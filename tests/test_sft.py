@@ -167,7 +167,7 @@ def test_distill_then_sft_end_to_end(tmp_path):
     # distill.jsonl holds exactly the accepted completions: regenerate all of them here, same seeds
     cfg = yaml.safe_load((teacher_dir / "config.yaml").read_text())
     t = cfg["task"]
-    model, tokenizer = load_model_and_tokenizer(tiny=cfg["model"]["tiny"], seed=cfg["seed"])
+    model, tokenizer = load_model_and_tokenizer(architecture=cfg["model"]["architecture"], seed=cfg["seed"])
     records = arithmetic.load("train", **t)[:24]
     prompts = arithmetic.build_prompts(records, tokenizer, **t)
     groups = HFSampler(model.eval(), tokenizer).generate(

@@ -42,11 +42,13 @@ runpy.run_module("rapid.train", run_name="__main__", alter_sys=True)
 TRAIN_KEYS = ("round", "samples", "epoch", "train/reward_mean", "train/accuracy", "train/completion_len",
               "train/truncated_frac", "train/loss", "train/grad_norm", "train/lr", "iw/clip_frac",
               "iw/staleness", "iw/mean", "iw/max", "time/generate_s", "time/reward_s", "time/train_s",
-              "time/sync_s", "time/round_s", "sampler/tokens_per_s", "wall_s")
+              "time/sync_s", "time/recompute_s", "time/other_s", "time/round_s", "sampler/tokens_per_s", "wall_s",
+              "mem/generate_rss_mib", "mem/reward_rss_mib", "mem/train_rss_mib", "mem/sync_rss_mib")
 EVAL_KEYS = ("round", "eval/accuracy", "eval/reward_mean", "eval/completion_len", "eval/n", "time/eval_s")
 SUMMARY_KEYS = ("eval/accuracy_before", "eval/accuracy_after", "rounds", "samples", "sampler", "algorithm",
                 "time/total_s", "time/generate_s_total", "time/reward_s_total", "time/train_s_total",
-                "time/sync_s_total")
+                "time/sync_s_total", "time/recompute_s_total", "time/other_s_total", "time/rounds_s_total",
+                "mem/train_rss_mib_max")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -147,7 +149,7 @@ def assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tens
 def test_smoke_run_writes_config_metrics_summary(tmp_path):
     run = tmp_path / "run"
     # T = 0.7: log μ (sampler) and log π_θ (trainer) must both be taken at the sampling temperature
-    launch(["+experiment=smoke", "sampler.temperature=0.7", f"hydra.run.dir={run}"], tmp_path)
+    launch(["+experiment=smoke", "sampler.temperature=0.7", "logger.rollouts=true", f"hydra.run.dir={run}"], tmp_path)
 
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     a = cfg["algorithm"]
@@ -173,6 +175,10 @@ def test_smoke_run_writes_config_metrics_summary(tmp_path):
         step = 2 * r["round"] - 1
         assert r["train/lr"] == pytest.approx(2e-5 * 0.5 * (1 + math.cos(math.pi * step / 6)))
         assert r["time/round_s"] > 0 and r["sampler/tokens_per_s"] > 0
+        # the phases and "other" partition the round; no recompute with behavior_logprobs=sampler
+        phases = [r[f"time/{p}_s"] for p in ("generate", "reward", "recompute", "train", "sync", "other")]
+        assert min(phases) >= 0 and r["time/recompute_s"] == 0 and sum(phases) == pytest.approx(r["time/round_s"])
+        assert all(100 < r[f"mem/{p}_rss_mib"] < 24 * 1024 for p in ("generate", "reward", "train", "sync"))
         # The random model earns no reward, so every advantage is 0 and θ never moves: every
         # importance weight is π_θ/μ = 1 up to float error, which checks that the sampler's
         # log μ and the trainer's log π_θ are the same distribution (same tokens, same T).
@@ -192,6 +198,15 @@ def test_smoke_run_writes_config_metrics_summary(tmp_path):
     assert summary["eval/accuracy_after"] == evals[-1]["eval/accuracy"]
     assert summary["time/generate_s_total"] == pytest.approx(sum(r["time/generate_s"] for r in trains))
     assert summary["time/total_s"] >= trains[-1]["wall_s"]
+    assert summary["time/rounds_s_total"] == pytest.approx(sum(r["time/round_s"] for r in trains))
+    assert summary["mem/train_rss_mib_max"] == max(r["mem/train_rss_mib"] for r in trains)
+
+    # logger.rollouts: every round's 16 samples, in the order trained, with their prompt's training index
+    samples = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    assert [s["round"] for s in samples] == [k for k in (1, 2, 3) for _ in range(16)]
+    assert all(0 <= s["prompt_index"] < 384 and 1 <= len(s["completion_ids"]) <= 8 for s in samples)
+    assert [sum(s["reward"] for s in samples if s["round"] == r["round"]) / 16 for r in trains] == \
+        [r["train/reward_mean"] for r in trains]
 
     # ckpt.every=2, keep=1: round 2 was saved, then replaced by the final round 3
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["round_000003"]

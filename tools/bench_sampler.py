@@ -44,12 +44,10 @@ def main() -> None:
     model, tok = load_model_and_tokenizer(gguf=GGUF)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
-    hf = HFSampler(model, tok, batch_size=256, autocast_dtype=dtype)
-    hf.eos_ids = []                                   # fixed lengths
+    hf = HFSampler(model, tok, batch_size=256, autocast_dtype=dtype, ignore_eos=True)   # fixed lengths
     engine = VLLMSampler(model, tok, dtype=dtype, seed=0, max_model_len=args.prompt_len + args.new_tokens + 8,
                          kv_cache_memory_bytes=2 * 2**30, gpu_memory_utilization=0.3,
-                         enable_prefix_caching=False, sleep_during_train=False)
-    engine.ignore_eos = True
+                         enable_prefix_caching=False, sleep_during_train=False, ignore_eos=True)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(100, 40000, (args.prompt_len,), generator=g).tolist() for _ in range(max(args.sizes))]
     engine.generate(prompts[:8], 1, args.new_tokens, 1.0)          # warm-up (first call compiles kernels)
