@@ -6,10 +6,10 @@ PIP   := $(PY) -m pip
 # A machine with an NVIDIA driver gets the CUDA build of torch; others the pinned CPU build.
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH := $(if $(HAS_CUDA),torch,torch==2.13.0)
-EXTRAS := $(if $(HAS_CUDA),gpu,cpu),dev
+EXTRAS := $(if $(HAS_CUDA),gpu,cpu),dev,bench
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test smoke sweep-h default-results bench clean
+.PHONY: help install run test smoke sweep-h default-results bench bench-rl bench-rl-gpu clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}'
@@ -46,6 +46,12 @@ default-results: install  ## regenerate the README's default-run table (seeds 0 
 bench: install  ## sampler and policy benchmarks (experiments/results/bench_*.md)
 	$(PY) tools/bench_sampler.py
 	$(PY) tools/bench_policy.py
+
+bench-rl: install  ## RAPID H=1..16, GRPO and TRL side by side, with floors (CPU, ~30 min; experiments/results/bench_rl_cpu)
+	$(PY) tools/bench_rl.py --samples 512
+
+bench-rl-gpu: install  ## the same on GPUs with Qwen2.5-0.5B-Instruct (NPROC=4 for 4 GPUs; THROUGHPUT_ONLY=1 offline)
+	bash experiments/bench_rl_gpu.sh
 
 clean:  ## remove run outputs (keeps .venv)
 	rm -rf outputs multirun

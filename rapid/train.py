@@ -133,7 +133,7 @@ def train(cfg: DictConfig) -> dict:
     sampler = make_sampler(cfg.sampler, model, tokenizer, compute_dtype, seed=derive_seed(cfg.seed, 4, rank) % 2**31)
     optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(o.schedule, o.warmup_steps, cfg.rounds * a.H))
+        optimizer, lr_lambda(o.schedule, o.warmup_steps, cfg.rounds * a.H * a.get("num_iterations", 1)))
     policy = CompletionLogprobs(model, temperature, share_prompt=not cfg.model.gradient_checkpointing)
     if world > 1:
         policy = DistributedDataParallel(policy, device_ids=[device.index] if device.type == "cuda" else None)
