@@ -54,8 +54,8 @@ SUMMARY_KEYS = ("eval/accuracy_before", "eval/accuracy_after", "rounds", "sample
 # ----------------------------------------------------------------------------- helpers
 
 def is_timing(key: str) -> bool:
-    """Wall-clock measurements: the only values allowed to differ between equivalent runs."""
-    return key.startswith("time/") or key in ("wall_s", "sampler/tokens_per_s")
+    """Wall-clock and memory measurements: the only values allowed to differ between equivalent runs."""
+    return key.startswith(("time/", "mem/")) or key in ("wall_s", "sampler/tokens_per_s")
 
 
 def env_for(tmp: Path, **extra: str) -> dict[str, str]:

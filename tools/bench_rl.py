@@ -154,7 +154,8 @@ def measure_floors(run_dir: Path) -> dict:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
+                                  weight_decay=cfg.optim.weight_decay, fused=True)   # as rapid.train's
     policy = CompletionLogprobs(model, cfg.sampler.temperature, share_prompt=not cfg.model.gradient_checkpointing)
     a = cfg.algorithm
     world = json.loads((run_dir / "meta.json").read_text())["world_size"]   # rank 0's share of each round
@@ -281,7 +282,7 @@ def report(rows: list[dict], meta: dict, out: Path) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", help="Hydra overrides given to every method (model=..., task=...)")
-    p.add_argument("--samples", type=int, default=1024, help="training samples per method (a multiple of 16 * n_step)")
+    p.add_argument("--samples", type=int, default=512, help="training samples per method (a multiple of 16 * n_step)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--h", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="the H of the RAPID runs (1 = PG)")
     p.add_argument("--no-grpo", action="store_true")
