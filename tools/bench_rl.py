@@ -33,6 +33,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -89,6 +90,7 @@ def run_method(method: dict, seed: int, samples: int, common: list[str], out: Pa
     if proc.returncode != 0:
         raise SystemExit(f"{method['name']} failed (exit {proc.returncode}); see {log}")
     summary = json.loads((run_dir / "summary.json").read_text())
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)    # the final model is not needed here
     row = {"method": method["name"], "seed": seed, "samples": summary["samples"],
            "process_s": time.perf_counter() - t0, **result_row(summary)}
     print(f"    {row['s_per_1k']:.1f} s per 1000 samples, accuracy {row['accuracy_after']:.3f}", flush=True)
@@ -287,6 +289,7 @@ def main() -> None:
     p.add_argument("--h", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="the H of the RAPID runs (1 = PG)")
     p.add_argument("--no-grpo", action="store_true")
     p.add_argument("--no-trl", action="store_true")
+    p.add_argument("--no-floors", action="store_true", help="skip the floors of the RAPID H = 8 run")
     p.add_argument("--nproc", type=int, default=1, help="processes (GPUs) per run, launched with torchrun")
     p.add_argument("--throughput-only", action="store_true",
                    help="Qwen2.5-0.5B's architecture with random weights, completions of exactly task.max_new_tokens")
@@ -304,13 +307,13 @@ def main() -> None:
     git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     meta = {"device": f"{args.nproc} x {device}" if args.nproc > 1 else device, "samples": args.samples,
             "seeds": args.seeds, "overrides": overrides, "git": git, "date": time.strftime("%Y-%m-%d"),
-            "command": "python tools/bench_rl.py " + " ".join(sys.argv[1:])}
+            "command": " ".join(["python tools/bench_rl.py", *sys.argv[1:]])}
     args.out.mkdir(parents=True, exist_ok=True)
     methods = method_list(args.h, not args.no_grpo, not args.no_trl)
     rows = []
     for seed in args.seeds:
         for method in methods:
-            floors = method["key"] == "rapid_h8"
+            floors = method["key"] == "rapid_h8" and not args.no_floors
             rows.append(run_method(method, seed, args.samples, overrides, args.out, args.nproc, floors))
             report(rows, meta, args.out)          # a partial table survives an interrupted benchmark
     print("\n" + report(rows, meta, args.out))
