@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 
@@ -96,3 +95,21 @@ def test_ignore_eos_gives_fixed_length_completions():
     fixed = HFSampler(model, tokenizer, ignore_eos=True).generate(prompts, n=4, max_new_tokens=9, temperature=1.0,
                                                                  seeds=[0, 1, 2])
     assert all(len(c.token_ids) == len(c.logprobs) == 9 and c.finish_reason == "length" for g in fixed for c in g)
+
+
+def test_reuse_reads_finished_runs_into_the_table(tmp_path):
+    """`--reuse` takes the runs already in --out (here made-up summaries) instead of running them again."""
+    for key, rounds_s in (("rapid_h1_s0", 100.0), ("rapid_h8_s0", 60.0)):
+        (tmp_path / "runs" / key).mkdir(parents=True)
+        (tmp_path / "runs" / key / "summary.json").write_text(json.dumps(
+            {"samples": 512, "time/rounds_s_total": rounds_s, "time/total_s": 999.0, "time/train_s_total": rounds_s / 2,
+             "eval/accuracy_before": 0.15, "eval/accuracy_after": 0.4, "mem/train_rss_mib_max": 1234.0}))
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "bench_rl.py"), "--h", "1", "8", "--no-grpo", "--no-trl",
+                           "--no-floors", "--reuse", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = {r["method"]: r for r in csv.DictReader((tmp_path / "bench_rl.csv").open())}
+    assert float(table["PG"]["s_per_1k"]) == pytest.approx(100 / 0.512)
+    assert float(table["RAPID H=8"]["s_per_1k"]) == pytest.approx(60 / 0.512)
+    assert float(table["RAPID H=8"]["train_s_per_1k"]) == pytest.approx(30 / 0.512)
+    assert float(table["RAPID H=8"]["vs_pg"]) == pytest.approx(0.6) and float(table["PG"]["peak_rss_mib"]) == 1234.0

@@ -1,4 +1,5 @@
-"""Forward+backward time of the policy side: shared-prompt vs full-row forward, fp32 vs bf16.
+"""Time of the policy side of a gradient step: forward+backward with the shared-prompt vs the full-row
+forward in fp32 and bf16, and the AdamW step (torch's default multi-tensor vs fused=True, as rapid uses).
 
 Measures `CompletionLogprobs` on the default model (SmolLM2-135M-Instruct) with G groups of n
 completions of one random prompt each, side by side in one process, and writes a markdown table
@@ -53,12 +54,27 @@ def main() -> None:
                 times.append(time.perf_counter() - t)
             best = min(times[1:])
             rows.append((str(dtype).removeprefix("torch."), share, best, len(records) / best))
+    steps = []
+    for fused in (False, True):                        # the optimizer step over every parameter, fp32
+        for param in model.parameters():
+            param.grad = torch.randn_like(param) * 1e-3
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=fused)
+        times = []
+        for _ in range(args.repeats + 1):
+            t = time.perf_counter()
+            optimizer.step()
+            times.append(time.perf_counter() - t)
+        steps.append(("fused" if fused else "multi-tensor (default)", min(times[1:])))
     base = rows[0][2]
     lines = [f"Policy forward+backward, {args.groups} groups x {args.n} completions, prompt {args.prompt_len} "
              f"tokens, completion {args.completion_len} tokens, SmolLM2-135M, {torch.get_num_threads()} threads "
              f"(best of {args.repeats}).", "",
              "| dtype | shared prompt | seconds | sequences/s | speed-up vs fp32 full rows |", "|---|---|---|---|---|"]
     lines += [f"| {d} | {s} | {t:.2f} | {r:.1f} | {base / t:.2f}x |" for d, s, t, r in rows]
+    n_params = sum(q.numel() for q in model.parameters()) / 1e6
+    lines += ["", f"AdamW step over {n_params:.0f}M fp32 parameters (best of {args.repeats}).", "",
+              "| AdamW | seconds per step |", "|---|---|"]
+    lines += [f"| {name} | {t:.3f} |" for name, t in steps]
     text = "\n".join(lines) + "\n"
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -65,7 +65,8 @@ def composed(overrides: list[str]):
         return compose("config", overrides=overrides)
 
 
-def run_method(method: dict, seed: int, samples: int, common: list[str], out: Path, nproc: int, floors: bool) -> dict:
+def run_method(method: dict, seed: int, samples: int, common: list[str], out: Path, nproc: int, floors: bool,
+               reuse: bool = False) -> dict:
     cfg = composed(common + method["overrides"])
     per_round = cfg.algorithm.H * cfg.algorithm.n_step
     if samples % per_round:
@@ -81,21 +82,26 @@ def run_method(method: dict, seed: int, samples: int, common: list[str], out: Pa
         entry = ["-m", "rapid.train"] if nproc == 1 else \
             ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "rapid.train"]
         cmd = [sys.executable, *entry, *args, f"hydra.run.dir={run_dir}"]
-    print(f"\n=== {method['name']}, seed {seed}: {' '.join(cmd[1:])}", flush=True)
+    done = reuse and (run_dir / "summary.json").exists() and (not floors or (run_dir / "floors.json").exists())
+    print(f"\n=== {method['name']}, seed {seed}: {'reused ' + str(run_dir) if done else ' '.join(cmd[1:])}", flush=True)
     t0 = time.perf_counter()
     log = out / "runs" / f"{method['key']}_s{seed}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as f:
-        proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        raise SystemExit(f"{method['name']} failed (exit {proc.returncode}); see {log}")
+    if not done:
+        with log.open("w") as f:
+            proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+        if proc.returncode != 0:
+            raise SystemExit(f"{method['name']} failed (exit {proc.returncode}); see {log}")
     summary = json.loads((run_dir / "summary.json").read_text())
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)    # the final model is not needed here
     row = {"method": method["name"], "seed": seed, "samples": summary["samples"],
-           "process_s": time.perf_counter() - t0, **result_row(summary)}
+           "process_s": None if done else time.perf_counter() - t0, **result_row(summary)}
     print(f"    {row['s_per_1k']:.1f} s per 1000 samples, accuracy {row['accuracy_after']:.3f}", flush=True)
     if floors:
-        row |= measure_floors_in_subprocess(run_dir, out)
+        if not done:
+            measure_floors_in_subprocess(run_dir, out)
+        floors = json.loads((run_dir / "floors.json").read_text())
+        row |= {k: floors[k] for k in ("generate_floor_s", "train_floor_s", "overhead", "sync_share", "padding_frac")}
     return row
 
 
@@ -112,15 +118,13 @@ def result_row(summary: dict) -> dict:
     return row
 
 
-def measure_floors_in_subprocess(run_dir: Path, out: Path) -> dict:
+def measure_floors_in_subprocess(run_dir: Path, out: Path) -> None:
     print(f"    floors of {run_dir.name} (fresh process)", flush=True)
     proc = subprocess.run([sys.executable, __file__, "--floors", str(run_dir)], cwd=REPO, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     (out / "runs" / f"{run_dir.name}_floors.log").write_text(proc.stdout)
     if proc.returncode != 0:
         raise SystemExit(f"floor measurement failed; see {out / 'runs' / (run_dir.name + '_floors.log')}")
-    floors = json.loads((run_dir / "floors.json").read_text())
-    return {k: floors[k] for k in ("generate_floor_s", "train_floor_s", "overhead", "sync_share", "padding_frac")}
 
 
 # ------------------------------------------------------------------------------------------- floors
@@ -290,6 +294,8 @@ def main() -> None:
     p.add_argument("--no-grpo", action="store_true")
     p.add_argument("--no-trl", action="store_true")
     p.add_argument("--no-floors", action="store_true", help="skip the floors of the RAPID H = 8 run")
+    p.add_argument("--reuse", action="store_true",
+                   help="keep the runs already in --out (add seeds to a finished benchmark, or finish an interrupted one)")
     p.add_argument("--nproc", type=int, default=1, help="processes (GPUs) per run, launched with torchrun")
     p.add_argument("--throughput-only", action="store_true",
                    help="Qwen2.5-0.5B's architecture with random weights, completions of exactly task.max_new_tokens")
@@ -314,7 +320,7 @@ def main() -> None:
     for seed in args.seeds:
         for method in methods:
             floors = method["key"] == "rapid_h8" and not args.no_floors
-            rows.append(run_method(method, seed, args.samples, overrides, args.out, args.nproc, floors))
+            rows.append(run_method(method, seed, args.samples, overrides, args.out, args.nproc, floors, args.reuse))
             report(rows, meta, args.out)          # a partial table survives an interrupted benchmark
     print("\n" + report(rows, meta, args.out))
 
