@@ -116,7 +116,8 @@ def grpo_options(cfg: DictConfig, world: int, use_cpu: bool, out: Path) -> dict:
         epsilon_high=a.get("clip_eps", 0.2), scale_rewards="group", importance_sampling_level="token",
         use_bias_correction_kl=False, mask_truncated_completions=False, top_entropy_quantile=1.0, entropy_coef=0.0,
         # the optimizer
-        optim="adamw_torch", learning_rate=o.lr, adam_beta1=o.betas[0], adam_beta2=o.betas[1], adam_epsilon=1e-8,
+        optim="adamw_torch_fused", learning_rate=o.lr,   # fused, as rapid's
+        adam_beta1=o.betas[0], adam_beta2=o.betas[1], adam_epsilon=1e-8,
         weight_decay=o.weight_decay, max_grad_norm=o.grad_clip, lr_scheduler_type=SCHEDULES[o.schedule],
         warmup_steps=o.warmup_steps,
         # precision and memory: fp32 master weights, bf16 autocast when model.dtype=bfloat16
