@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 NPROC=${NPROC:-1}
 common=(algorithm.n_group=4 algorithm.n_step=32 sampler.temperature=1.0 model.dtype=bfloat16
-        sampler.gpu_memory_utilization=0.3 train.micro_batch=32 optim.lr=1.0e-6 reward.workers=8)
+        sampler.gpu_memory_utilization=0.3 train.micro_batch=8 optim.lr=1.0e-6 reward.workers=8)
 if [[ "${THROUGHPUT_ONLY:-0}" == 1 ]]; then
     out=experiments/results/bench_rl_gpu_${NPROC}x_throughput
     exec $PY tools/bench_rl.py --throughput-only --nproc "$NPROC" --samples 2048 --out "$out" \

@@ -33,7 +33,8 @@ def test_report_takes_medians_and_ratios(tmp_path):
             fake_row("RAPID H=8", 0, 100.0, 0.35), fake_row("RAPID H=8", 1, 130.0, 0.25), fake_row("RAPID H=8", 2, 120.0, 0.30),
             fake_row("TRL GRPOTrainer", 0, 400.0, 0.2), fake_row("TRL GRPOTrainer", 1, 500.0, 0.2),
             fake_row("TRL GRPOTrainer", 2, 480.0, 0.2)]
-    rows[3] |= {"generate_floor_s": 10.0, "train_floor_s": 20.0, "overhead": 1.10, "sync_share": 0.01, "padding_frac": 0.1}
+    rows[3] |= {"generate_floor_s": 10.0, "train_floor_s": 20.0, "overhead": 1.10, "sync_share": 0.01, "padding_frac": 0.1,
+                "generate_vs_floor": 1.2, "train_vs_floor": 1.05}
     meta = {"device": "CPU", "samples": 512, "seeds": [0, 1, 2], "overrides": [], "git": "abc", "date": "d",
             "command": "python tools/bench_rl.py"}
     text = bench_rl.report(rows, meta, tmp_path)
@@ -43,7 +44,7 @@ def test_report_takes_medians_and_ratios(tmp_path):
     assert float(table["RAPID H=8"]["vs_pg"]) == pytest.approx(120 / 260)
     assert float(table["RAPID H=8"]["vs_trl"]) == pytest.approx(120 / 480)
     assert float(table["PG"]["vs_pg"]) == 1.0 and float(table["RAPID H=8"]["accuracy_after"]) == 0.30
-    assert "| RAPID H=8 | 120.0 |" in text and "0.46 | 0.25 |" in text and "**1.100**" in text
+    assert "| RAPID H=8 | 120.0 |" in text and "0.46 | 0.25 |" in text and "**1.100**" in text and "train phase 1.05x" in text
     assert len(list(csv.DictReader((tmp_path / "runs.csv").open()))) == 9
 
 

@@ -102,6 +102,8 @@ def run_method(method: dict, seed: int, samples: int, common: list[str], out: Pa
             measure_floors_in_subprocess(run_dir, out)
         floors = json.loads((run_dir / "floors.json").read_text())
         row |= {k: floors[k] for k in ("generate_floor_s", "train_floor_s", "overhead", "sync_share", "padding_frac")}
+        row |= {"generate_vs_floor": floors["generate_s"] / floors["generate_floor_s"],
+                "train_vs_floor": floors["train_s"] / floors["train_floor_s"]}
     return row
 
 
@@ -257,7 +259,8 @@ def report(rows: list[dict], meta: dict, out: Path) -> str:
              f"{meta['samples']} samples per method, seeds {meta['seeds']} (medians); overrides: "
              f"`{' '.join(meta['overrides']) or '(defaults)'}`; {meta['date']}, git {meta['git']}.",
              "Seconds per 1,000 samples of the training loop (model loading, engine start-up and evaluation "
-             "excluded); accuracy is held-out greedy accuracy after training.", "",
+             "excluded); accuracy is held-out greedy accuracy after training; ratios are between the medians; "
+             "every run is in runs.csv.", "",
              "| method | s / 1k samples | generate | reward | recompute | train | sync | other | accuracy | vs PG | vs TRL | peak RSS MiB |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for m in table:
@@ -270,8 +273,11 @@ def report(rows: list[dict], meta: dict, out: Path) -> str:
         lines += ["", f"Floors of {floors['method']} per round (medians): generation {floors['generate_floor_s']:.2f} s "
                   f"(bare engine, same requests and lengths), training {floors['train_floor_s']:.2f} s (same minibatches: "
                   f"forward, backward, step), overhead = round / (sum of floors) = **{floors['overhead']:.3f}**; "
-                  f"weight sync {100 * floors['sync_share']:.2f}% of round time; padding "
-                  f"{100 * floors['padding_frac']:.1f}% of the training positions."]
+                  f"the loop's generate phase is {floors['generate_vs_floor']:.2f}x its floor and its train phase "
+                  f"{floors['train_vs_floor']:.2f}x; weight sync {100 * floors['sync_share']:.2f}% of round time; padding "
+                  f"{100 * floors['padding_frac']:.1f}% of the training positions. The generation floor sends every "
+                  "completion as its own request (n = 1, its length forced), which the engine may serve more slowly "
+                  "than the loop's n_group completions per request; the training floor is tight."]
     if rows and rows[0].get("accuracy_before") is not None:
         lines += ["", f"Accuracy before training: {rows[0]['accuracy_before']:.3f}."]
     text = "\n".join(lines) + "\n"
