@@ -47,7 +47,7 @@ bench: install  ## sampler and policy benchmarks (experiments/results/bench_*.md
 	$(PY) tools/bench_sampler.py
 	$(PY) tools/bench_policy.py
 
-bench-rl: install  ## RAPID H=1..16, GRPO and TRL side by side, with floors (CPU, ~30 min; experiments/results/bench_rl_cpu)
+bench-rl: install  ## RAPID H=1..16, GRPO and TRL side by side, with floors (CPU, ~25 min; experiments/results/bench_rl_cpu)
 	$(PY) tools/bench_rl.py
 
 bench-rl-gpu: install  ## the same on GPUs with Qwen2.5-0.5B-Instruct (NPROC=4 for 4 GPUs; THROUGHPUT_ONLY=1 offline)

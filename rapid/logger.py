@@ -2,8 +2,8 @@
 
 Keys are namespaced (`train/`, `iw/`, `eval/`, `time/`, `sampler/`) with units in the name.
 With `logger.rollouts=true` every round's samples go to <run_dir>/rollouts.jsonl as well
-(prompt index, completion token ids and text, reward). Only rank 0 writes. On resume, rows after the checkpoint's round are dropped first, so the file
-reads as if the run had never stopped.
+(prompt index, completion token ids and text, reward). Only rank 0 writes. On resume, rows after
+the checkpoint's round are dropped first, so the files read as if the run had never stopped.
 """
 from __future__ import annotations
 

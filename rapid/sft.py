@@ -121,7 +121,7 @@ def sft(cfg: DictConfig, run_dir: Path | None = None) -> dict:
     sampler = make_sampler(cfg.sampler, model, tokenizer, compute_dtype,
                            seed=derive_seed(cfg.seed, ENGINE_STREAM) % 2**31)
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay,
-                                  fused=True)   # one kernel over all parameters (5x faster step on CPU)
+                                  fused=True)   # one kernel for all parameters (2.8x faster step on CPU)
     scheduler = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)   # checkpointed like train's
     policy = CompletionLogprobs(model, temperature=1.0, share_prompt=not cfg.model.gradient_checkpointing)
     stream = PromptStream(len(examples), derive_seed(cfg.seed, DATA_STREAM))   # one seeded permutation per epoch

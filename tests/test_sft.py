@@ -59,6 +59,16 @@ def launch(module: str, args: list[str], tmp: Path, check: bool = True) -> subpr
 
 # ----------------------------------------------------------------------------- the loss
 
+def two_records():
+    """The tiny model, and two records of different prompt and completion lengths, collated."""
+    model, tokenizer = tiny_model()
+    prompts = encode(tokenizer, ["What is 2 + 3?", "Hi"])
+    completions = encode(tokenizer, ["\\boxed{5}", "ok!"])
+    records = [Rollout(prompt_ids=p, completion_ids=c, logp_mu=[0.0] * len(c), reward=1.0, group_id=k, truncated=False)
+               for k, (p, c) in enumerate(zip(prompts, completions))]
+    return model, tokenizer, prompts, completions, collate(records, tokenizer.pad_token_id)
+
+
 def test_sft_loss_is_mean_nll_of_masked_tokens():
     token_logp = torch.tensor([[-1.0, -2.0, -9.0],
                                [-0.5, -7.0, -3.0]], requires_grad=True)
@@ -80,12 +90,7 @@ def test_sft_loss_counts_completion_tokens_only(share_prompt):
     different prompt and completion lengths equals (a) log-softmax over each unpadded sequence at the
     completion positions only and (b) transformers' cross-entropy with the prompt labels ignored (-100);
     it differs from the cross-entropy that also counts prompt tokens."""
-    model, tokenizer = tiny_model()
-    prompts = encode(tokenizer, ["What is 2 + 3?", "Hi"])
-    completions = encode(tokenizer, ["\\boxed{5}", "ok!"])
-    records = [Rollout(prompt_ids=p, completion_ids=c, logp_mu=[0.0] * len(c), reward=1.0, group_id=k, truncated=False)
-               for k, (p, c) in enumerate(zip(prompts, completions))]
-    batch = collate(records, tokenizer.pad_token_id)
+    model, tokenizer, prompts, completions, batch = two_records()
     policy = CompletionLogprobs(model, temperature=1.0, share_prompt=share_prompt)
     loss, _ = sft_loss(policy(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask),
                        batch.completion_mask)
@@ -112,12 +117,7 @@ def test_prompt_positions_get_no_gradient():
     """Changing the logits at prompt positions cannot change the loss: the gradient reaching the
     final hidden states there is exactly 0. Only the last prompt position (it predicts the first
     completion token) and the completion positions but the last get one."""
-    model, tokenizer = tiny_model()
-    prompts = encode(tokenizer, ["What is 2 + 3?", "Hi"])
-    completions = encode(tokenizer, ["\\boxed{5}", "ok!"])
-    records = [Rollout(prompt_ids=p, completion_ids=c, logp_mu=[0.0] * len(c), reward=1.0, group_id=k, truncated=False)
-               for k, (p, c) in enumerate(zip(prompts, completions))]
-    batch = collate(records, tokenizer.pad_token_id)
+    model, tokenizer, prompts, completions, batch = two_records()
     hidden = {}
     model.model.norm.register_forward_hook(lambda module, args, out: hidden.setdefault("h", out).retain_grad())
     policy = CompletionLogprobs(model, temperature=1.0, share_prompt=False)   # one forward over [prompt | completion]

@@ -400,3 +400,15 @@ def test_baselines_run_in_the_same_loop(tmp_path, algorithm, keys):
     if algorithm == "grpo":                                 # the policy moves away from the reference
         assert rows[-1]["loss/kl_mean"] > 0
     assert sum(r["train/reward_mean"] for r in rows[-2:]) / 2 > rows[0]["train/reward_mean"]
+
+
+def test_lr_schedule_spans_every_pass(tmp_path):
+    """With num_iterations = 2 a round takes 2 * H steps, and the cosine decay runs over all of them:
+    rounds 2 * H 2 passes = 8 steps, and the row of round r reports step 4r - 1 (0-based)."""
+    run = tmp_path / "run"
+    launch(["+experiment=smoke", "algorithm=grpo", "algorithm.H=2", "algorithm.num_iterations=2", "rounds=2",
+            "eval.every=0", "ckpt.every=0", f"hydra.run.dir={run}"], tmp_path)
+    rows = train_rows(read_rows(run))
+    for r in rows:
+        step = 4 * r["round"] - 1
+        assert r["train/lr"] == pytest.approx(2e-5 * 0.5 * (1 + math.cos(math.pi * step / 8)), rel=1e-9)
