@@ -223,6 +223,21 @@ def hypothetical(cm: dict, *, gen_scale: float = 1.0, train_scale: float = 1.0, 
     return out
 
 
+def recommendation_line(block: list[dict], tolerance: float = 0.05) -> str:
+    """The recommended H among one (n_step, n_group)'s predictions, and why, in a sentence or two."""
+    pick, best = recommend(block, tolerance)
+    h1 = next((r for r in block if r["H"] == 1), block[0])
+    floor = min(r["train"] + r["reward"] + r["recompute"] for r in block)
+    return (f"Recommended H = **{pick['H']}** at n_step {pick['n_step']} ({1000 * pick['total']:.1f} s / 1k samples, "
+            f"{pick['total'] / h1['total']:.2f}x H = {h1['H']}): the smallest H within {100 * tolerance:.0f}% of the best "
+            f"predicted (H = {best['H']}, {1000 * best['total']:.1f}). From H = {h1['H']} to H = {pick['H']} generation per "
+            f"sample falls from {1000 * h1['generate']:.1f} to {1000 * pick['generate']:.1f} s / 1k ({h1['sequences_per_call']} "
+            f"to {pick['sequences_per_call']} sequences per engine call) and sync from {1000 * h1['sync']:.1f} to "
+            f"{1000 * pick['sync']:.1f}; training ({1000 * pick['train']:.1f}) does not fall with H and, with reward and "
+            f"recompute, bounds every H at {1000 * floor:.1f} s / 1k, {floor / h1['total']:.2f}x H = {h1['H']}. "
+            "Compute only: what a larger H costs in staleness is not modelled.")
+
+
 def prediction_table(cm: dict, hs: list[int], n_steps: list[int], n_group: int, micro_batch: int,
                      completion_len: float | None = None, tolerance: float = 0.05, **kw) -> tuple[str, list[dict]]:
     """Markdown table of predicted seconds per 1,000 samples for every (n_step, H), with the recommendation."""
@@ -230,7 +245,6 @@ def prediction_table(cm: dict, hs: list[int], n_steps: list[int], n_group: int, 
     for n_step in n_steps:
         block = [predict(cm, H=h, n_step=n_step, n_group=n_group, micro_batch=micro_batch,
                          completion_len=completion_len, **kw) for h in hs]
-        pick, best = recommend(block, tolerance)
         h1 = next((r for r in block if r["H"] == 1), block[0])
         lines += ["", f"n_step {n_step}, n_group {n_group}, micro-batch {min(micro_batch, n_step)}:", "",
                   "| H | sequences per call | generate | train | sync | reward | recompute | total s / 1k samples | vs H=1 |",
@@ -240,15 +254,7 @@ def prediction_table(cm: dict, hs: list[int], n_steps: list[int], n_group: int, 
             lines.append(f"| {r['H']} | {r['sequences_per_call']}{mark} | " +
                          " | ".join(f"{1000 * r[p]:.1f}" for p in ("generate", "train", "sync", "reward", "recompute")) +
                          f" | **{1000 * r['total']:.1f}** | {r['total'] / h1['total']:.2f} |")
-        floor = block[-1]["train"] + block[-1]["reward"] + block[-1]["recompute"]
-        lines += ["", f"Recommended H = **{pick['H']}** ({1000 * pick['total']:.1f} s / 1k samples, "
-                  f"{pick['total'] / h1['total']:.2f}x H=1): the smallest H within {100 * tolerance:.0f}% of the best "
-                  f"predicted (H = {best['H']}, {1000 * best['total']:.1f}). From H = 1 to H = {pick['H']} generation per "
-                  f"sample falls from {1000 * h1['generate']:.1f} to {1000 * pick['generate']:.1f} s / 1k ({h1['sequences_per_call']} "
-                  f"to {pick['sequences_per_call']} sequences per engine call) and sync from {1000 * h1['sync']:.1f} to "
-                  f"{1000 * pick['sync']:.1f}; training ({1000 * pick['train']:.1f}) does not fall with H, and with "
-                  f"reward and recompute it bounds any H at {1000 * floor:.1f} s / 1k, "
-                  f"{floor / h1['total']:.2f}x H=1."]
+        lines += ["", recommendation_line(block, tolerance)]
         rows += block
     if any(r["extrapolated"] for r in rows):
         lines += ["", "\\* beyond the largest measured call size: extrapolated at the largest size's cost per sequence."]
