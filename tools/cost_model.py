@@ -521,7 +521,9 @@ def main(argv: list[str] | None = None) -> dict:
     head = (f"Predicted seconds per 1,000 samples, {c['model']} ({c['dtype']}, sampler {cm['sampler']}, {cm['device']}), "
             f"task {c['task']}: prompts {cm['prompt_len_mean']:.0f} tokens on average, completions "
             f"{cm['completion_len']} tokens{' (lengths drawn from a run)' if cm.get('length_groups') else ''}; "
-            f"{machine_line(cm['machine'])}.")
+            f"{machine_line(cm['machine'])}" + (f", load average {cm['load_average']['before']:.1f} before and "
+                                                f"{cm['load_average']['after']:.1f} after the measurement"
+                                                if cm.get("load_average") else "") + ".")
     if hypothetical_profile:
         head += (f" **Hypothetical profile** (not measured): generation x{args.gen_scale}, training x{args.train_scale}"
                  + (f", a flat decoding step of {args.decode_step_s} s up to {args.decode_saturation} sequences"
@@ -561,7 +563,13 @@ def measure_main(args) -> tuple[dict, Path]:
     if any(s < 1 for s in args.sizes) or sorted(set(args.sizes)) != args.sizes:
         raise ConfigError(f"--sizes {args.sizes} must be distinct positive numbers in increasing order")
     print(f"measuring at completions of {L:.1f} tokens, {args.sizes} sequences per call ...", flush=True)
+    load_before = os.getloadavg()[0]
     cm = measure(cfg, L, args.sizes, args.repeats, log=lambda s: print(s, flush=True))
+    # other work on the machine slows every timing (the CPU engine's threads wait for each other): say so
+    cm["load_average"] = {"before": load_before, "after": os.getloadavg()[0], "cores": os.cpu_count()}
+    if max(load_before, cm["load_average"]["after"]) > 1.5 * os.cpu_count():
+        print(f"warning: the load average was {load_before:.1f} / {cm['load_average']['after']:.1f} on "
+              f"{os.cpu_count()} cores during the measurement: other processes slowed it", flush=True)
     a = cfg.algorithm
     cm["completion_len_asked"] = L
     cm["length_groups"] = length_groups
