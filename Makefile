@@ -56,6 +56,10 @@ COST_MODEL_ARGS ?= --completion-len 8
 cost-model: install  ## cost model of the default run: generation per call size, training, sync; predicted s/1k samples per H
 	$(PY) tools/cost_model.py $(COST_MODEL_ARGS)
 
+.PHONY: bench-long
+bench-long: install  ## the paper's small-step regime (n_step 4, n_group 4, ~120-token completions): PG vs RAPID H, one CPU core
+	bash experiments/bench_long.sh
+
 bench-rl-gpu: install  ## the same on GPUs with Qwen2.5-0.5B-Instruct (NPROC=4 for 4 GPUs; THROUGHPUT_ONLY=1 offline)
 	bash experiments/bench_rl_gpu.sh
 

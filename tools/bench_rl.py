@@ -77,7 +77,7 @@ def composed(overrides: list[str]):
 
 
 def run_method(method: dict, seed: int, samples: int, common: list[str], out: Path, nproc: int, floors: bool,
-               reuse: bool = False, eval_every_samples: int = 0) -> dict:
+               reuse: bool = False, eval_every_samples: int = 0, report_only: bool = False) -> dict | None:
     cfg = composed(common + method["overrides"])
     per_round = cfg.algorithm.H * cfg.algorithm.n_step
     if samples % per_round or eval_every_samples % per_round:
@@ -96,6 +96,10 @@ def run_method(method: dict, seed: int, samples: int, common: list[str], out: Pa
             ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "rapid.train"]
         cmd = [sys.executable, *entry, *args, f"hydra.run.dir={run_dir}"]
     done = reuse and (run_dir / "summary.json").exists() and (not floors or (run_dir / "floors.json").exists())
+    if report_only:
+        if not (run_dir / "summary.json").exists():
+            return None
+        done, floors = True, (run_dir / "floors.json").exists()
     print(f"\n=== {method['name']}, seed {seed}: {'reused ' + str(run_dir) if done else ' '.join(cmd[1:])}", flush=True)
     t0 = time.perf_counter()
     log = out / "runs" / f"{method['key']}_s{seed}.log"
@@ -531,6 +535,8 @@ def main() -> None:
     p.add_argument("--no-floors", action="store_true", help="skip the floors of the RAPID H = 8 run")
     p.add_argument("--reuse", action="store_true",
                    help="keep the runs already in --out (add seeds to a finished benchmark, or finish an interrupted one)")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: report over the runs of these methods and seeds already in --out")
     p.add_argument("--eval-every-samples", type=int, default=0,
                    help="also evaluate every this many training samples (untimed; 0: before and after training only)")
     p.add_argument("--nproc", type=int, default=1, help="processes (GPUs) per run, launched with torchrun")
@@ -541,7 +547,7 @@ def main() -> None:
     p.add_argument("--cost-model", type=Path, help="predict from this tools/cost_model.py JSON (default: measure one "
                    "at the end, into <out>/cost_model.json)")
     p.add_argument("--no-cost-model", action="store_true", help="no predicted column")
-    args = p.parse_args()
+    args = p.parse_intermixed_args()     # overrides may come before or after the options
     if args.cost_model and not args.cost_model.exists():
         raise SystemExit(f"--cost-model {args.cost_model} does not exist: measure one with tools/cost_model.py <overrides>")
     if args.floors:
@@ -562,9 +568,11 @@ def main() -> None:
     for seed in args.seeds:
         for method in methods:
             floors = method["key"] == "rapid_h8" and not args.no_floors
-            rows.append(run_method(method, seed, args.samples, overrides, args.out, args.nproc, floors, args.reuse,
-                                   args.eval_every_samples))
-            report(rows, meta, args.out)          # a partial table survives an interrupted benchmark
+            row = run_method(method, seed, args.samples, overrides, args.out, args.nproc, floors, args.reuse,
+                             args.eval_every_samples, args.report_only)
+            if row is not None:
+                rows.append(row)
+                report(rows, meta, args.out)      # a partial table survives an interrupted benchmark
     cm = None
     if not args.no_cost_model:
         configs = [composed(overrides + m["overrides"]) for m in methods if not m.get("trl")]
