@@ -58,7 +58,8 @@ from rapid.tasks import load_splits
 
 SAMPLE_STREAM, BUFFER_STREAM = 0, 1    # tags that keep derived seed streams apart
 PHASES = ("generate", "reward", "recompute", "train", "sync")   # a round's timed phases (+ other)
-STAT_NAMES = {"clip_frac": "iw/clip_frac", "staleness": "iw/staleness", "iw_mean": "iw/mean", "loss": "train/loss"}
+STAT_NAMES = {"clip_frac": "iw/clip_frac", "staleness": "iw/staleness", "iw_mean": "iw/mean", "loss": "train/loss",
+              "clipped_mass": "iw/clipped_mass"}
 
 register_resolvers()
 
@@ -159,7 +160,7 @@ def train(cfg: DictConfig) -> dict:
         if a.loss == "iw_grpg":        # RAPID / PG: sequence-level IW-GRPG (Eq. 3-5)
             loss, stats = iw_grpg_loss(sequence_logprobs(token_logp, mask), sequence_logprobs(batch.logp_mu, mask),
                                        batch.rewards, batch.group_ids, eta=a.eta, leave_one_out=a.leave_one_out,
-                                       normalizer=n_records)
+                                       normalizer=n_records, iw_baseline=a.iw_baseline, iw_gradient=a.iw_gradient)
         else:                          # GRPO / DAPO: token-level clipped ratios, group-normalised advantages
             advantages = group_normalized_advantages(batch.rewards, batch.group_ids)
             if a.loss == "grpo":

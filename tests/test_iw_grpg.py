@@ -174,6 +174,66 @@ def test_stats_by_hand():
     assert s["adv_abs_mean"] == pytest.approx(0.75, abs=1e-12)
 
 
+# One group of four: w = 4, 0.5, 1, 1.5 (η = 2 clips the first to 2), R = 1, 0, 1, 0.
+ABL_MU = t64([-2.0, -1.0, -3.0, -1.5])
+ABL_LOGP = ABL_MU + t64([math.log(4.0), math.log(0.5), 0.0, math.log(1.5)])
+ABL_R, ABL_IDS = t64([1.0, 0.0, 1.0, 0.0]), torch.zeros(4, dtype=torch.long)
+
+
+@pytest.mark.parametrize(
+    "iw_baseline, iw_gradient, coef",
+    [
+        # w̄ = 2, 0.5, 1, 1.5; Eq. 4 baseline Σ w̄R / 4 = (2 + 1)/4 = 0.75 -> A = 0.25, -0.75, 0.25, -0.75
+        # w̄·A = 0.5, -0.375, 0.25, -1.125
+        (True, True, [0.5, -0.375, 0.25, -1.125]),
+        # plain baseline (1 + 0 + 1 + 0)/4 = 0.5 -> A = 0.5, -0.5, 0.5, -0.5; w̄·A = 1, -0.25, 0.5, -0.75
+        (False, True, [1.0, -0.25, 0.5, -0.75]),
+        # Eq. 4 baseline, no weight in the gradient: coefficient = A = 0.25, -0.75, 0.25, -0.75
+        (True, False, [0.25, -0.75, 0.25, -0.75]),
+        # both off: Eq. 2 on μ's samples, the weights play no part: 0.5, -0.5, 0.5, -0.5
+        (False, False, [0.5, -0.5, 0.5, -0.5]),
+    ],
+)
+def test_ablation_switches_by_hand(iw_baseline: bool, iw_gradient: bool, coef: list[float]):
+    logp = ABL_LOGP.clone().requires_grad_()
+    loss, s = iw_grpg_loss(logp, ABL_MU, ABL_R, ABL_IDS, eta=2.0,
+                           iw_baseline=iw_baseline, iw_gradient=iw_gradient)
+    (grad,) = torch.autograd.grad(loss, logp)
+    torch.testing.assert_close(grad, -t64(coef) / 4, **F64)  # ∂loss/∂logp_n = −coef_n / B
+    assert loss.item() == pytest.approx(-(t64(coef) * ABL_LOGP).sum().item() / 4, abs=1e-12)
+    assert s["clip_frac"] == pytest.approx(0.25, abs=1e-12)  # the weights are measured either way
+
+
+def test_ablation_switches_with_leave_one_out_by_hand():
+    # w̄R = 2, 0, 1, 0. Leave-one-out Eq. 4 baselines: (0+1+0)/3, (2+1+0)/3, (2+0+0)/3, (2+0+1)/3
+    #   = 1/3, 1, 2/3, 1 -> A = 2/3, -1, 1/3, -1
+    # iw_baseline=False: plain leave-one-out baselines (0+1+0)/3, (1+1+0)/3, (1+0+0)/3, (1+0+1)/3
+    #   = 1/3, 2/3, 1/3, 2/3 -> A = 2/3, -2/3, 2/3, -2/3
+    for iw_baseline, adv in ((True, [2 / 3, -1.0, 1 / 3, -1.0]), (False, [2 / 3, -2 / 3, 2 / 3, -2 / 3])):
+        for iw_gradient, weight in ((True, [2.0, 0.5, 1.0, 1.5]), (False, [1.0, 1.0, 1.0, 1.0])):
+            logp = ABL_LOGP.clone().requires_grad_()
+            loss, _ = iw_grpg_loss(logp, ABL_MU, ABL_R, ABL_IDS, eta=2.0, leave_one_out=True,
+                                   iw_baseline=iw_baseline, iw_gradient=iw_gradient)
+            (grad,) = torch.autograd.grad(loss, logp)
+            torch.testing.assert_close(grad, -t64(weight) * t64(adv) / 4, **F64)
+
+
+def test_clipped_mass_by_hand():
+    # η = 2: A = 0.25, -0.75, 0.25, -0.75 (above); w|A| = 1, 0.375, 0.25, 1.125 -> Σ = 2.75;
+    # only w = 4 is clipped: (4 − 2)·0.25 = 0.5 -> 0.5 / 2.75 = 2/11
+    _, s = iw_grpg_loss(ABL_LOGP, ABL_MU, ABL_R, ABL_IDS, eta=2.0)
+    assert s["clipped_mass"] == pytest.approx(2 / 11, abs=1e-12)
+    # η = 1.2 clips w = 4 and 1.5: w̄ = 1.2, 0.5, 1, 1.2; baseline (1.2 + 1)/4 = 0.55
+    # A = 0.45, -0.55, 0.45, -0.55; w|A| = 1.8, 0.275, 0.45, 0.825 -> Σ = 3.35
+    # removed: (4 − 1.2)·0.45 + (1.5 − 1.2)·0.55 = 1.26 + 0.165 = 1.425 -> 1.425 / 3.35
+    _, s = iw_grpg_loss(ABL_LOGP, ABL_MU, ABL_R, ABL_IDS, eta=1.2)
+    assert s["clipped_mass"] == pytest.approx(1.425 / 3.35, abs=1e-12)
+    _, s = iw_grpg_loss(ABL_LOGP, ABL_MU, ABL_R, ABL_IDS, eta=None)  # nothing clipped
+    assert s["clipped_mass"] == 0.0
+    _, s = iw_grpg_loss(ABL_LOGP, ABL_MU, torch.ones(4, dtype=torch.float64), ABL_IDS, eta=2.0, iw_baseline=False)
+    assert s["clipped_mass"] == 0.0  # equal rewards, plain baseline: every A = 0, no mass to remove
+
+
 def test_huge_log_ratio_stays_finite():
     logp = torch.tensor([0.0, -1.0], requires_grad=True)
     loss, s = iw_grpg_loss(logp, torch.tensor([-500.0, -1.0]), torch.tensor([1.0, 0.0]),
