@@ -2,7 +2,8 @@
 
 Keys are namespaced (`train/`, `iw/`, `eval/`, `time/`, `sampler/`) with units in the name.
 With `logger.rollouts=true` every round's samples go to <run_dir>/rollouts.jsonl as well
-(prompt index, completion token ids and text, reward). Only rank 0 writes. On resume, rows after
+(prompt index, completion token ids and text, reward), and for the round's first group the per-token
+log μ (`logp_mu`) and log π_θ after the round's updates (`logp_pi`). Only rank 0 writes. On resume, rows after
 the checkpoint's round are dropped first, so the files read as if the run had never stopped.
 """
 from __future__ import annotations
@@ -52,16 +53,20 @@ class MetricsLogger:
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in row.items() if k != "round"}, step=row.get("round"))
 
-    def log_rollouts(self, round_: int, rollouts: list) -> None:
+    def log_rollouts(self, round_: int, rollouts: list, logp_pi: list[list[float]] | None = None) -> None:
         """This rank's samples of a round, one JSON object a line, in <run_dir>/rollouts.jsonl (on every rank
-        that logs: the records of a multi-GPU run are rank 0's share)."""
+        that logs: the records of a multi-GPU run are rank 0's share). `logp_pi`: per-token log π_θ of the
+        first len(logp_pi) records, written beside their per-token log μ."""
         if not self.enabled:
             return
+        logp_pi = logp_pi or []
         with (self.path.parent / "rollouts.jsonl").open("a") as f:
-            for r in rollouts:
-                f.write(json.dumps({"round": round_, "group": r.group_id, "prompt_index": r.prompt_index,
-                                    "completion_ids": r.completion_ids, "text": r.text, "reward": r.reward,
-                                    "truncated": r.truncated}) + "\n")
+            for i, r in enumerate(rollouts):
+                row = {"round": round_, "group": r.group_id, "prompt_index": r.prompt_index,
+                       "completion_ids": r.completion_ids, "text": r.text, "reward": r.reward, "truncated": r.truncated}
+                if i < len(logp_pi):
+                    row |= {"logp_mu": list(r.logp_mu), "logp_pi": logp_pi[i]}
+                f.write(json.dumps(row) + "\n")
 
     def close(self) -> None:
         if self.wandb is not None:

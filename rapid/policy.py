@@ -120,3 +120,18 @@ def recompute_behavior_logprobs(policy: torch.nn.Module, records: list[Rollout],
         for r, row in zip(chunk, token_logp.cpu()):
             r.logp_mu = row[:len(r.completion_ids)].tolist()
     return gap / max(n_tokens, 1)
+
+
+@torch.no_grad()
+def token_logprobs(policy: torch.nn.Module, records: list[Rollout], *, pad_id: int, device: torch.device,
+                   compute_dtype: torch.dtype) -> list[list[float]]:
+    """Per-token log π_θ of each record's completion under the current parameters (the log importance
+    weight along a generation is this minus the record's log μ). Runs the unwrapped module, so that it
+    may be called on one rank alone under DDP."""
+    if not records:
+        return []
+    module = policy.module if isinstance(policy, DistributedDataParallel) else policy
+    batch = collate(records, pad_id).to(device)
+    with autocast(device, compute_dtype):
+        logp = completion_logprobs(module, batch).float().cpu()
+    return [row[:len(r.completion_ids)].tolist() for r, row in zip(records, logp)]

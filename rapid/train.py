@@ -48,7 +48,7 @@ from rapid.losses import dapo_loss, group_normalized_advantages, grpo_loss, over
 from rapid.logger import MetricsLogger, git_commit
 from rapid.models import load_model_and_tokenizer
 from rapid.policy import (CompletionLogprobs, accumulate_gradients, autocast, completion_logprobs,
-                          recompute_behavior_logprobs)
+                          recompute_behavior_logprobs, token_logprobs)
 from rapid.profiling import PhaseClock
 from rapid.rewards import score
 from rapid.sampler import make_sampler
@@ -287,8 +287,9 @@ def train(cfg: DictConfig) -> dict:
         if a.get("dynamic_sampling", False):
             row["train/dropped_groups"] = int(sums[2])
         logger.log(row)
-        if cfg.logger.rollouts:
-            logger.log_rollouts(round_ + 1, rollouts)
+        if cfg.logger.rollouts:   # + per-token log π after the round's updates, for its first group (the token log w)
+            logger.log_rollouts(round_ + 1, rollouts, token_logprobs(policy, rollouts[:a.n_group], pad_id=sampler.pad_id,
+                                                                     device=device, compute_dtype=compute_dtype))
         bar.set_postfix(reward=f"{row['train/reward_mean']:.3f}", clip=f"{row.get('iw/clip_frac', 0):.2f}",
                         stale=f"{row.get('iw/staleness', 0):.3f}", s_round=f"{row['time/round_s']:.1f}")
         last = round_ + 1 == cfg.rounds
