@@ -145,8 +145,20 @@ def test_bench_rl_and_seed_folders(tmp_path):
                                                   "peak_rss_mib": 9560.0, "algorithm": "trl_grpo"}))
     default = tmp_path / "default_run"
     write_run(default / "seed0", H=8, seed=0, accuracy=0.7, round_s=[1], staleness=[0.1], rss=[10], summary=False)
-    rows = {r["config"]: r for r in stats.table([stats.read_run(p) for p in stats.find_runs([tmp_path])])}
-    assert set(rows) == {"rapid_h8", "trl_grpo", "default_run"}
+    # an algorithm=sft run: its summary at the top (distillation + SFT time), the stages inside, Hydra's config
+    sft = tmp_path / "multirun" / "algorithm=sft,seed=2"
+    write_run(sft / "sft", H=8, seed=2, accuracy=0.33, round_s=[], staleness=[], rss=[])
+    (sft / "distill").mkdir()
+    (sft / "distill" / "distill_summary.json").write_text("{}")
+    (sft / ".hydra").mkdir()
+    (sft / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"seed": 2, "algorithm": {"name": "sft", "loss": "sft"}}))
+    (sft / "summary.json").write_text(json.dumps({"eval/accuracy_after": 0.33, "time/total_s": 77.0}))
+    found = stats.find_runs([tmp_path])
+    assert sft in found and sft / "sft" not in found
+    rows = {r["config"]: r for r in stats.table([stats.read_run(p) for p in found])}
+    assert set(rows) == {"rapid_h8", "trl_grpo", "default_run", "algorithm=sft"}
+    assert rows["algorithm=sft"]["train_s_mean"] == 77.0 and rows["algorithm=sft"]["seeds"] == "2"
+    assert rows["algorithm=sft"]["algorithm"] == "sft"
     assert rows["rapid_h8"]["accuracy_mean"] == pytest.approx(0.3) and rows["rapid_h8"]["seeds"] == "0 1"
     assert rows["trl_grpo"]["train_s_mean"] == 478.0 and rows["trl_grpo"]["peak_rss_mib_mean"] == 9560.0
     assert rows["default_run"]["accuracy_mean"] == 0.7            # no summary.json: the last eval row

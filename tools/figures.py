@@ -32,14 +32,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stats import config_and_seed, find_runs, load_yaml  # noqa: E402
+from stats import config_and_seed, find_runs, read_rows, run_config  # noqa: E402
 
 
 def load(run: Path) -> dict:
     """A run's method, seed, H, training rows and evaluation rows (with samples and cumulative time)."""
-    cfg = load_yaml(run / "config.yaml")
+    cfg = run_config(run)
     method, seed = config_and_seed(run, cfg)
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_rows(run)
     train = [r for r in rows if "time/round_s" in r and "round" in r]
     evals = [r for r in rows if "eval/accuracy" in r and "round" in r]
     per_round = cfg.get("algorithm", {}).get("n_inference")
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
     args = parser.parse_args(argv)
     runs = [load(r) for r in find_runs(args.paths)]
     if not runs:
-        raise SystemExit(f"no run directories (with metrics.jsonl) under {' '.join(map(str, args.paths))}")
+        raise SystemExit(f"no run directories (with metrics.jsonl or summary.json) under {' '.join(map(str, args.paths))}")
     args.out.mkdir(parents=True, exist_ok=True)
     written = []
 

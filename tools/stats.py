@@ -6,14 +6,15 @@ accuracy, time and staleness, with p-values (the paper's Table 4).
     python tools/stats.py experiments/results/bench_rl_cpu             # a tools/bench_rl.py output folder
     python tools/stats.py multirun/<date> --out experiments/results/h_sweep_cpu   # + stats.md, stats.csv, correlations.csv
 
-Runs are the directories below the given paths that hold a metrics.jsonl (rapid: config.yaml,
-metrics.jsonl, summary.json). A run's configuration is its name without the seed: a multirun
+Runs are the directories below the given paths that hold a metrics.jsonl or a summary.json (rapid:
+config.yaml, metrics.jsonl, summary.json; an `algorithm=sft` run counts as one, its stages inside). A run's configuration is its name without the seed: a multirun
 sub-directory `algorithm.H=8,seed=1` -> `algorithm.H=8`; a bench_rl run `rapid_h8_s1` -> `rapid_h8`; a
 directory named only by its seed (`seed1`) takes its parent's name. Per run:
 
     accuracy      held-out accuracy after training (summary.json `eval/accuracy_after`, else the last eval row)
     train_s       training wall time: the sum of `time/round_s` over the rounds (model loading, engine
-                  start-up and evaluation excluded; summary `time/rounds_s_total` where rows lack it)
+                  start-up and evaluation excluded); where rows lack it, the summary's
+                  `time/rounds_s_total` (TRL: trainer.train()) or `time/total_s` (SFT: distillation + SFT)
     staleness     mean over rounds of `iw/staleness` (mean |log w̄| of each round's minibatches)
     log_w_mean    mean over rounds of `iw/log_w_mean` (signed mean log w̄), where the run logs it
     clipped_mass  mean over rounds of `iw/clipped_mass`, where logged
@@ -123,13 +124,15 @@ def describe(values: list[float]) -> dict[str, float]:
 # ----------------------------------------------------------------------------- runs
 
 def find_runs(paths: list[Path]) -> list[Path]:
-    runs = []
+    """Run directories under `paths`: folders with a metrics.jsonl or a summary.json, outermost first (an
+    `algorithm=sft` run keeps its distill/ and sft/ stages inside itself)."""
+    runs: set[Path] = set()
     for p in paths:
         if not p.exists():
             raise SystemExit(f"{p} does not exist: pass a Hydra multirun folder, a bench_rl output folder or run directories")
-        found = [p] if (p / "metrics.jsonl").exists() else sorted(m.parent for m in p.rglob("metrics.jsonl"))
-        runs += [r for r in found if "checkpoints" not in r.parts]
-    return sorted(set(runs))
+        found = {f.parent for name in ("metrics.jsonl", "summary.json") for f in p.rglob(name)}
+        runs |= {r for r in found if "checkpoints" not in r.parts and not any(a in found for a in r.parents)}
+    return sorted(runs)
 
 
 def config_and_seed(run: Path, cfg: dict) -> tuple[str, int | None]:
@@ -157,10 +160,20 @@ def load_yaml(path: Path) -> dict:
     return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
 
 
+def run_config(run: Path) -> dict:
+    """rapid's resolved config.yaml, else Hydra's record of the composed one (.hydra/config.yaml)."""
+    return load_yaml(run / "config.yaml") or load_yaml(run / ".hydra" / "config.yaml")
+
+
+def read_rows(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
 def read_run(run: Path) -> dict:
     """One row per run: configuration, seed, H, algorithm and the METRICS."""
-    cfg = load_yaml(run / "config.yaml")
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    cfg = run_config(run)
+    rows = read_rows(run)
     summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
     train = [r for r in rows if "time/round_s" in r]
     evals = [r for r in rows if "eval/accuracy" in r]
@@ -172,7 +185,8 @@ def read_run(run: Path) -> dict:
         return float(np.mean(values)) if values else None
 
     accuracy = summary.get("eval/accuracy_after", evals[-1]["eval/accuracy"] if evals else None)
-    train_s = sum(r["time/round_s"] for r in train) if train else summary.get("time/rounds_s_total")
+    train_s = sum(r["time/round_s"] for r in train) if train else \
+        summary.get("time/rounds_s_total", summary.get("time/total_s"))
     mem = [v for r in train for k, v in r.items() if k.startswith("mem/") and k.endswith("_rss_mib")]
     peak = max(mem) if mem else summary.get("peak_rss_mib")
     return {"run": str(run), "config": config, "seed": seed, "H": algorithm.get("H"),
@@ -257,7 +271,7 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     runs = [read_run(r) for r in find_runs(args.paths)]
     if not runs:
-        raise SystemExit(f"no run directories (with metrics.jsonl) under {' '.join(map(str, args.paths))}")
+        raise SystemExit(f"no run directories (with metrics.jsonl or summary.json) under {' '.join(map(str, args.paths))}")
     rows, corr = table(runs), correlations(runs, args.all_runs)
     text = markdown(rows, corr, args.all_runs)
     if args.out:
