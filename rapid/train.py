@@ -49,7 +49,7 @@ from rapid.logger import MetricsLogger, git_commit
 from rapid.models import load_model_and_tokenizer
 from rapid.policy import (CompletionLogprobs, accumulate_gradients, autocast, completion_logprobs,
                           recompute_behavior_logprobs, token_logprobs)
-from rapid.profiling import PhaseClock
+from rapid.profiling import PhaseClock, cpu_description
 from rapid.rewards import score
 from rapid.sampler import make_sampler
 from rapid.sft import distill_and_sft
@@ -126,7 +126,7 @@ def train(cfg: DictConfig) -> dict:
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         (run_dir / ("meta_resume.json" if resume_from else "meta.json")).write_text(json.dumps(
             {"git_commit": git_commit(), "argv": sys.argv, "world_size": world, "device": str(device),
-             "torch": torch.__version__}, indent=2))
+             "torch": torch.__version__, "cpu": cpu_description()}, indent=2))
         record_id = lambda r: r.get("task_id") or r.get("unique_id") or r.get("name") or r.get("question")
         (run_dir / "split.json").write_text(json.dumps(   # which problems trained, which were held out
             {"train": [record_id(r) for r in train_records], "eval": [record_id(r) for r in eval_records]}))

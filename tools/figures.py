@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stats import config_and_seed, find_runs, read_rows, run_config  # noqa: E402
+from stats import config_and_seed, drop_common_overrides, find_runs, read_rows, run_config  # noqa: E402
 
 
 def load(run: Path) -> dict:
@@ -51,7 +51,7 @@ def load(run: Path) -> dict:
     points = [(samples.get(e["round"], e["round"] * per_round if isinstance(per_round, int) else None),
                elapsed.get(e["round"]), e["eval/accuracy"]) for e in evals]
     algorithm = cfg.get("algorithm", {})
-    return {"run": run, "method": method, "seed": seed, "H": algorithm.get("H"), "algorithm": algorithm.get("name"),
+    return {"run": run, "method": method, "config": method, "seed": seed, "H": algorithm.get("H"), "algorithm": algorithm.get("name"),
             "train": train,
             "evals": [p for p in points if p[0] is not None and p[1] is not None]}
 
@@ -227,6 +227,9 @@ def main(argv: list[str] | None = None) -> list[Path]:
     runs = [load(r) for r in find_runs(args.paths)]
     if not runs:
         raise SystemExit(f"no run directories (with metrics.jsonl or summary.json) under {' '.join(map(str, args.paths))}")
+    drop_common_overrides(runs)
+    for r in runs:
+        r["method"] = r["config"]
     args.out.mkdir(parents=True, exist_ok=True)
     written = []
 

@@ -189,11 +189,24 @@ def read_run(run: Path) -> dict:
         summary.get("time/rounds_s_total", summary.get("time/total_s"))
     mem = [v for r in train for k, v in r.items() if k.startswith("mem/") and k.endswith("_rss_mib")]
     peak = max(mem) if mem else summary.get("peak_rss_mib")
-    return {"run": str(run), "config": config, "seed": seed, "H": algorithm.get("H"),
+    meta = json.loads((run / "meta.json").read_text()) if (run / "meta.json").exists() else {}
+    return {"run": str(run), "config": config, "seed": seed, "H": algorithm.get("H"), "cpu": meta.get("cpu"),
             "algorithm": algorithm.get("name", summary.get("algorithm")), "loss": algorithm.get("loss"),
             "accuracy": accuracy, "train_s": train_s, "staleness": mean_of("iw/staleness"),
             "log_w_mean": mean_of("iw/log_w_mean"), "clipped_mass": mean_of("iw/clipped_mass"),
             "peak_rss_mib": peak}
+
+
+def drop_common_overrides(runs: list[dict]) -> list[str]:
+    """Shorten multirun configuration names to what tells them apart: the `key=value` parts shared by every
+    run are dropped from every name (and returned)."""
+    parts = [r["config"].split(",") for r in runs]
+    if len({r["config"] for r in runs}) < 2 or not all("=" in p for ps in parts for p in ps):
+        return []
+    common = [p for p in parts[0] if all(p in ps for ps in parts)]
+    for r, ps in zip(runs, parts):
+        r["config"] = ",".join(p for p in ps if p not in common) or "(defaults)"
+    return common
 
 
 def table(runs: list[dict]) -> list[dict]:
@@ -245,9 +258,12 @@ def cell(row: dict, m: str) -> str:
     return text
 
 
-def markdown(rows: list[dict], corr: list[dict], all_runs: bool) -> str:
+def markdown(rows: list[dict], corr: list[dict], all_runs: bool, common: list[str], cpus: list[str]) -> str:
     shown = [m for m in METRICS if any(r[f"{m}_n"] for r in rows)]
-    lines = ["Per configuration: mean ± std [95% bootstrap CI of the mean] over seeds.", "",
+    lines = [f"`python tools/stats.py {' '.join(sys.argv[1:])}`", "",
+             f"Runs made on: {'; '.join(cpus) if cpus else 'not recorded (meta.json has no cpu)'}.",
+             *([f"Overrides common to every run: `{','.join(common)}`."] if common else []), "",
+             "Per configuration: mean ± std [95% bootstrap CI of the mean] over seeds.", "",
              "| configuration | seeds | " + " | ".join(LABELS[m] for m in shown) + " |",
              "|---|---|" + "---:|" * len(shown)]
     for r in rows:
@@ -272,8 +288,9 @@ def main(argv: list[str] | None = None) -> str:
     runs = [read_run(r) for r in find_runs(args.paths)]
     if not runs:
         raise SystemExit(f"no run directories (with metrics.jsonl or summary.json) under {' '.join(map(str, args.paths))}")
+    common = drop_common_overrides(runs)
     rows, corr = table(runs), correlations(runs, args.all_runs)
-    text = markdown(rows, corr, args.all_runs)
+    text = markdown(rows, corr, args.all_runs, common, sorted({r["cpu"] for r in runs if r["cpu"]}))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "stats.md").write_text(text)
