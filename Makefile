@@ -99,18 +99,23 @@ table4-%: install
 CPU_EPOCHS ?= 0.64
 CPU_ARGS   ?= rounds=null epochs=$(CPU_EPOCHS) logger.progress=false ckpt.every=0
 CPU_TASK   ?= arithmetic
+# each run's final checkpoint (~1.6 GB for 135M parameters with AdamW state) is not needed for the tables
+PRUNE       = rm -rf multirun/$(1)/*/checkpoints
 
 reproduce-table1-cpu: install  ## Table 1 on CPU: RAPID H=8, PG, GRPO (H=1 and H=8), DAPO; accuracy, time, peak memory
 	$(SWEEP) task=$(CPU_TASK) algorithm=rapid,pg,grpo,grpo_multistep,dapo seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/table1_cpu
+	$(call PRUNE,table1_cpu)
 	$(STATS) multirun/table1_cpu --out experiments/results/table1_cpu
 	$(FIGURES) multirun/table1_cpu --out experiments/results/table1_cpu
 
 reproduce-table2-cpu: install  ## Table 2 on CPU: the same methods on two other problem families (subtraction, multiplication)
 	$(SWEEP) task=$(CPU_TASK) 'task.ops=[-],[*]' algorithm=$(METHODS) seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/table2_cpu
+	$(call PRUNE,table2_cpu)
 	$(STATS) multirun/table2_cpu --out experiments/results/table2_cpu
 
 reproduce-table3-cpu: install  ## Table 3 on CPU: H = 1, 2, 4, 8, 16 (token-level dumps for the figures)
 	$(SWEEP) task=$(CPU_TASK) algorithm.H=1,2,4,8,16 seed=$(SEEDS) logger.rollouts=true $(CPU_ARGS) hydra.sweep.dir=multirun/table3_cpu
+	$(call PRUNE,table3_cpu)
 	$(STATS) multirun/table3_cpu --out experiments/results/table3_cpu
 	$(FIGURES) multirun/table3_cpu --out experiments/results/table3_cpu
 
@@ -120,10 +125,15 @@ reproduce-table4-cpu: install  ## Table 4 on CPU: Pearson r of H with accuracy, 
 
 reproduce-ablations-cpu: install  ## the ablations on CPU: IW switches, eta, leave-one-out, GRPO at equal H
 	$(SWEEP) task=$(CPU_TASK) algorithm=rapid,grpo_multistep seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/ablations_cpu
+	$(call PRUNE,ablations_cpu)
 	$(SWEEP) task=$(CPU_TASK) algorithm.iw_baseline=false algorithm.iw_gradient=true,false seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/ablations_cpu
+	$(call PRUNE,ablations_cpu)
 	$(SWEEP) task=$(CPU_TASK) algorithm.iw_gradient=false seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/ablations_cpu
+	$(call PRUNE,ablations_cpu)
 	$(SWEEP) task=$(CPU_TASK) algorithm.eta=1.5,4,10,null seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/ablations_cpu
+	$(call PRUNE,ablations_cpu)
 	$(SWEEP) task=$(CPU_TASK) algorithm.leave_one_out=true seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/ablations_cpu
+	$(call PRUNE,ablations_cpu)
 	$(STATS) multirun/ablations_cpu --out experiments/results/ablations_cpu
 	$(FIGURES) multirun/ablations_cpu --out experiments/results/ablations_cpu
 
