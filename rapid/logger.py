@@ -3,7 +3,8 @@
 Keys are namespaced (`train/`, `iw/`, `eval/`, `time/`, `sampler/`) with units in the name.
 With `logger.rollouts=true` every round's samples go to <run_dir>/rollouts.jsonl as well
 (prompt index, completion token ids and text, reward), and for the round's first group the per-token
-log μ (`logp_mu`) and log π_θ after the round's updates (`logp_pi`). Only rank 0 writes. On resume, rows after
+log μ (`logp_mu`) and log π_θ after the round's updates (`logp_pi`); every evaluation's per-problem
+greedy verdicts go to <run_dir>/eval_outcomes.jsonl. Only rank 0 writes. On resume, rows after
 the checkpoint's round are dropped first, so the files read as if the run had never stopped.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ class MetricsLogger:
         self.enabled, self.wandb = enabled, None
         if not enabled:
             return
-        for path in (self.path, self.path.parent / "rollouts.jsonl"):
+        for path in (self.path, self.path.parent / "rollouts.jsonl", self.path.parent / "eval_outcomes.jsonl"):
             if resume_round is not None and path.exists():
                 rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
                 kept = [r for r in rows if r.get("round", 0) <= resume_round]
@@ -67,6 +68,13 @@ class MetricsLogger:
                 if i < len(logp_pi):
                     row |= {"logp_mu": list(r.logp_mu), "logp_pi": logp_pi[i]}
                 f.write(json.dumps(row) + "\n")
+
+    def log_eval_outcomes(self, round_: int, correct: list[int]) -> None:
+        """One evaluation's verdicts (1 or 0 per held-out problem, in eval order)."""
+        if not self.enabled:
+            return
+        with (self.path.parent / "eval_outcomes.jsonl").open("a") as f:
+            f.write(json.dumps({"round": round_, "correct": correct}) + "\n")
 
     def close(self) -> None:
         if self.wandb is not None:

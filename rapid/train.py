@@ -199,12 +199,15 @@ def train(cfg: DictConfig) -> dict:
 
     def run_eval(round_: int, log: bool = True) -> dict:
         t0 = time.perf_counter()
+        correct = []
         row = evaluate(sampler, task, eval_records, eval_prompts, max_new_tokens=t.max_new_tokens,
                        temperature=cfg.eval.temperature, n_samples=cfg.eval.n_samples, sample_temperature=temperature,
-                       ks=tuple(cfg.eval.ks), rank=rank, world=world, device=device, seed=derive_seed(cfg.seed, 3) % 2**31)
+                       ks=tuple(cfg.eval.ks), rank=rank, world=world, device=device, seed=derive_seed(cfg.seed, 3) % 2**31,
+                       outcomes=correct)
         row = {"round": round_, **row, "time/eval_s": time.perf_counter() - t0}
         if log:
             logger.log(row)
+            logger.log_eval_outcomes(round_, correct)
         print0(f"eval @ round {round_}: accuracy {row['eval/accuracy']:.3f} on {row['eval/n']} problems")
         return row
 

@@ -189,6 +189,12 @@ def test_smoke_run_writes_config_metrics_summary(tmp_path):
     assert [r["wall_s"] for r in trains] == sorted(r["wall_s"] for r in trains)
     for r in evals:
         assert set(EVAL_KEYS) <= set(r) and r["eval/n"] == 16 and 0.0 <= r["eval/accuracy"] <= 1.0
+    # eval_outcomes.jsonl: each evaluation's per-problem greedy verdicts, agreeing with its accuracy
+    outcomes = [json.loads(line) for line in (run / "eval_outcomes.jsonl").read_text().splitlines()]
+    assert [o["round"] for o in outcomes] == [r["round"] for r in evals]
+    for o, r in zip(outcomes, evals):
+        assert len(o["correct"]) == 16 and set(o["correct"]) <= {0, 1}
+        assert sum(o["correct"]) / 16 == r["eval/accuracy"]
 
     summary = json.loads((run / "summary.json").read_text())
     assert set(SUMMARY_KEYS) <= set(summary), set(SUMMARY_KEYS) - set(summary)
