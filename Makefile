@@ -92,29 +92,35 @@ table4-%: install
 	test -d multirun/table3/$* || $(MAKE) table3-$*
 	$(STATS) multirun/table3/$* --out experiments/results/table4/$*
 
-# CPU scale (here: the offline SmolLM2-135M-Instruct on the default arithmetic task, fp32): every run
-# trains on the same number of samples, CPU_EPOCHS passes over the task's 200 training prompts with 8
-# completions each (0.64 -> 1,024 samples: 4 rounds at H = 8, 32 at H = 1). Results in
-# experiments/results/<table>_cpu/ with the CPU named in each file (tools/stats.py writes it).
-CPU_EPOCHS ?= 0.64
-CPU_ARGS   ?= rounds=null epochs=$(CPU_EPOCHS) logger.progress=false ckpt.every=0
-CPU_TASK   ?= arithmetic
+# CPU scale (here): the offline SmolLM2-135M-Instruct on the long-completion multistep task in the
+# paper's small-step regime (+experiment=bench_long: n_step 4, n_group 4, ~70-token working, 64
+# held-out problems), fp32. Every run trains on the same number of samples, CPU_EPOCHS passes over the
+# 2,000 training problems with 4 completions each (0.064 -> 512 samples: 128 rounds at H = 1, 16 at
+# H = 8), and is evaluated every CPU_EVAL_SAMPLES samples whatever its H. At the ~1.5-2.9 s per sample
+# measured in this regime (RAPID H = 8 ... PG) a run takes ~15-25 minutes plus evaluation.
+# CPU_BASE=task=arithmetic CPU_EPOCHS=0.64 CPU_FAMILIES="'task.ops=[-],[*]'" runs the short-answer task.
+# Results in experiments/results/<table>_cpu/ (stats.md names the CPU from each run's meta.json).
+CPU_BASE         ?= +experiment=bench_long
+CPU_EPOCHS       ?= 0.064
+CPU_EVAL_SAMPLES ?= 128
+CPU_FAMILIES     ?= task.terms=5,6
+CPU_ARGS         ?= $(CPU_BASE) rounds=null epochs=$(CPU_EPOCHS) "eval.every='\$${div:$(CPU_EVAL_SAMPLES),\$${algorithm.n_inference}}'" logger.progress=false ckpt.every=0
 # each run's final checkpoint (~1.6 GB for 135M parameters with AdamW state) is not needed for the tables
-PRUNE       = rm -rf multirun/$(1)/*/checkpoints
+PRUNE             = rm -rf multirun/$(1)/*/checkpoints
 
 reproduce-table1-cpu: install  ## Table 1 on CPU: RAPID H=8, PG, GRPO (H=1 and H=8), DAPO; accuracy, time, peak memory
-	$(SWEEP) task=$(CPU_TASK) algorithm=rapid,pg,grpo,grpo_multistep,dapo seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/table1_cpu
+	$(SWEEP) algorithm=rapid,pg,grpo,grpo_multistep,dapo seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/table1_cpu
 	$(call PRUNE,table1_cpu)
 	$(STATS) multirun/table1_cpu --out experiments/results/table1_cpu
 	$(FIGURES) multirun/table1_cpu --out experiments/results/table1_cpu
 
-reproduce-table2-cpu: install  ## Table 2 on CPU: the same methods on two other problem families (subtraction, multiplication)
-	$(SWEEP) task=$(CPU_TASK) 'task.ops=[-],[*]' algorithm=$(METHODS) seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/table2_cpu
+reproduce-table2-cpu: install  ## Table 2 on CPU: the same methods on harder variants of the task (5 and 6 terms)
+	$(SWEEP) $(CPU_FAMILIES) algorithm=$(METHODS) seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/table2_cpu
 	$(call PRUNE,table2_cpu)
 	$(STATS) multirun/table2_cpu --out experiments/results/table2_cpu
 
 reproduce-table3-cpu: install  ## Table 3 on CPU: H = 1, 2, 4, 8, 16 (token-level dumps for the figures)
-	$(SWEEP) task=$(CPU_TASK) algorithm.H=1,2,4,8,16 seed=$(SEEDS) logger.rollouts=true $(CPU_ARGS) hydra.sweep.dir=multirun/table3_cpu
+	$(SWEEP) algorithm.H=1,2,4,8,16 seed=$(SEEDS) logger.rollouts=true $(CPU_ARGS) hydra.sweep.dir=multirun/table3_cpu
 	$(call PRUNE,table3_cpu)
 	$(STATS) multirun/table3_cpu --out experiments/results/table3_cpu
 	$(FIGURES) multirun/table3_cpu --out experiments/results/table3_cpu
@@ -124,15 +130,15 @@ reproduce-table4-cpu: install  ## Table 4 on CPU: Pearson r of H with accuracy, 
 	$(STATS) multirun/table3_cpu --out experiments/results/table4_cpu
 
 reproduce-ablations-cpu: install  ## the ablations on CPU: IW switches, eta, leave-one-out, GRPO at equal H
-	$(SWEEP) task=$(CPU_TASK) algorithm=rapid,grpo_multistep seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/ablations_cpu
+	$(SWEEP) algorithm=rapid,grpo_multistep seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/ablations_cpu
 	$(call PRUNE,ablations_cpu)
-	$(SWEEP) task=$(CPU_TASK) algorithm.iw_baseline=false algorithm.iw_gradient=true,false seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/ablations_cpu
+	$(SWEEP) algorithm.iw_baseline=false algorithm.iw_gradient=true,false seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/ablations_cpu
 	$(call PRUNE,ablations_cpu)
-	$(SWEEP) task=$(CPU_TASK) algorithm.iw_gradient=false seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/ablations_cpu
+	$(SWEEP) algorithm.iw_gradient=false seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/ablations_cpu
 	$(call PRUNE,ablations_cpu)
-	$(SWEEP) task=$(CPU_TASK) algorithm.eta=1.5,4,10,null seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/ablations_cpu
+	$(SWEEP) algorithm.eta=1.5,4,10,null seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/ablations_cpu
 	$(call PRUNE,ablations_cpu)
-	$(SWEEP) task=$(CPU_TASK) algorithm.leave_one_out=true seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/ablations_cpu
+	$(SWEEP) algorithm.leave_one_out=true seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/ablations_cpu
 	$(call PRUNE,ablations_cpu)
 	$(STATS) multirun/ablations_cpu --out experiments/results/ablations_cpu
 	$(FIGURES) multirun/ablations_cpu --out experiments/results/ablations_cpu

@@ -1,5 +1,7 @@
-"""Config checks that stop a run at start-up with one sentence, and the `mul` resolver that
-derives `algorithm.n_inference = H * n_step` (one home for each number)."""
+"""Config checks that stop a run at start-up with one sentence, and the resolvers: `mul`, which
+derives `algorithm.n_inference = H * n_step` (one home for each number), and `div`, a // b but at
+least 1, so that a sweep over H can evaluate every so many samples:
+`eval.every='${div:512,${algorithm.n_inference}}'`."""
 from __future__ import annotations
 
 import functools
@@ -32,6 +34,8 @@ def exit_on_config_error(main: Callable) -> Callable:
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("mul"):
         OmegaConf.register_new_resolver("mul", lambda *xs: __import__("math").prod(int(x) for x in xs))
+    if not OmegaConf.has_resolver("div"):
+        OmegaConf.register_new_resolver("div", lambda a, b: max(1, int(a) // int(b)))
 
 
 def validate(cfg: DictConfig, world: int) -> None:

@@ -7,9 +7,11 @@ targets name Hub models and need GPUs to run, not to compose.
 """
 from __future__ import annotations
 
-import shlex
+import json
+import math
 import shutil
 import subprocess
+import sys
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -28,19 +30,24 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU 
 
 
 def sweeps(target: str, tmp_path) -> list[list[str]]:
-    """The override lists of the target's `rapid.train -m` commands (in a scratch copy-free way: make -n
-    runs no command; the venv prerequisite is pointed at a stamp that exists)."""
-    stamp = tmp_path / "venv"
-    stamp.mkdir(exist_ok=True)
-    (stamp / ".installed").touch()
-    proc = subprocess.run(["make", "-n", "--no-print-directory", target, f"VENV={stamp}"], cwd=REPO,
+    """The override lists of the target's `rapid.train -m` commands. `make -n` prints the commands (running
+    none); each rapid.train line is then run by bash with VENV's python replaced by a stub that prints its
+    arguments, so that they arrive exactly as the shell would pass them."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    (venv / ".installed").touch()
+    stub = venv / "bin" / "python"
+    stub.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\"\n")
+    stub.chmod(0o755)
+    proc = subprocess.run(["make", "-n", "--no-print-directory", target, f"VENV={venv}"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     out = []
     for line in proc.stdout.splitlines():
-        words = shlex.split(line)
-        if words[1:4] == ["-m", "rapid.train", "-m"]:
-            out.append([w for w in words[4:] if not w.startswith("hydra.")])
+        if line.startswith(f"{stub} -m rapid.train -m "):
+            argv = json.loads(subprocess.run(["bash", "-c", line], capture_output=True, text=True, check=True).stdout)
+            assert argv[:3] == ["-m", "rapid.train", "-m"]
+            out.append([w for w in argv[3:] if not w.startswith("hydra.")])
     return out
 
 
@@ -97,8 +104,14 @@ def test_h_sweep_composes(target, tmp_path):
 @pytest.mark.parametrize("target", CPU)
 def test_cpu_targets_compose_on_the_offline_model(target, tmp_path):
     configs = compose_all(target, tmp_path)
-    assert configs and all(c.model.gguf is not None and c.rounds is None for _, c in configs)   # offline, by epochs
-    assert {c.seed for _, c in configs} == {0, 1, 2}
+    assert configs and {c.seed for _, c in configs} == {0, 1, 2}
+    for _, c in configs:
+        assert c.model.gguf is not None and c.task.name == "multistep" and c.rounds is None   # offline, by epochs
+        a = c.algorithm
+        # rapid.train sets rounds = ceil(epochs * n_train / prompts per round): 512 samples at every H
+        rounds = math.ceil(c.epochs * c.task.n_train / (a.n_inference // a.n_group))
+        assert rounds * a.n_inference == 512
+        assert c.eval.every == max(1, 128 // a.n_inference)           # an evaluation every 128 samples
 
 
 def test_ablations_cpu_covers_each_switch_once(tmp_path):
@@ -111,3 +124,9 @@ def test_ablations_cpu_covers_each_switch_once(tmp_path):
     assert ("rapid", None, False, True, True) in variants and ("rapid", 2.0, True, True, True) in variants
     assert ("grpo_multistep", 2.0, False, True, True) in variants
     assert {c.algorithm.H for c in by(configs, **{"algorithm.name": "grpo_multistep"})} == {8}
+
+
+def test_div_resolver_is_floor_division_at_least_one():
+    register_resolvers()
+    cfg = OmegaConf.create({"n": 32, "a": "${div:128,${n}}", "b": "${div:100,32}", "c": "${div:128,256}"})
+    assert (cfg.a, cfg.b, cfg.c) == (4, 3, 1)          # 128 // 32; 100 // 32; 128 // 256 = 0 -> every round
