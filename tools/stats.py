@@ -7,9 +7,11 @@ accuracy, time and staleness, with p-values (the paper's Table 4).
     python tools/stats.py multirun/<date> --out experiments/results/h_sweep_cpu   # + stats.md, stats.csv, correlations.csv
 
 Runs are the directories below the given paths that hold a metrics.jsonl or a summary.json (rapid:
-config.yaml, metrics.jsonl, summary.json; an `algorithm=sft` run counts as one, its stages inside). A run's configuration is its name without the seed: a multirun
-sub-directory `algorithm.H=8,seed=1` -> `algorithm.H=8`; a bench_rl run `rapid_h8_s1` -> `rapid_h8`; a
-directory named only by its seed (`seed1`) takes its parent's name. Per run:
+config.yaml, metrics.jsonl, summary.json; an `algorithm=sft` run counts as one, its stages inside).
+A run's configuration is its name without the seed (and without `eval.every`, which only says when
+it was evaluated): a multirun sub-directory `algorithm.H=8,seed=1` -> `algorithm.H=8`; a bench_rl run
+`rapid_h8_s1` -> `rapid_h8`; a directory named only by its seed (`seed1`) takes its parent's name.
+Per run:
 
     accuracy      held-out accuracy after training (summary.json `eval/accuracy_after`, else the last eval row)
     train_s       training wall time: the sum of `time/round_s` over the rounds (model loading, engine
@@ -141,7 +143,7 @@ def config_and_seed(run: Path, cfg: dict) -> tuple[str, int | None]:
     parts = name.split(",")
     seed_parts = [p for p in parts if re.fullmatch(r"seed=\d+", p)]
     if seed_parts:                                        # Hydra multirun: override_dirname
-        rest = [p for p in parts if p not in seed_parts]
+        rest = [p for p in parts if p not in seed_parts and not p.startswith("eval.every=")]
         return ",".join(rest) or "(defaults)", int(seed_parts[0].split("=")[1])
     m = re.fullmatch(r"(.+)_s(\d+)", name)                # tools/bench_rl.py: <method>_s<seed>
     if m:
