@@ -103,7 +103,7 @@ table4-%: install
 	$(STATS) multirun/table3/$* --out experiments/results/table4/$*
 
 # CPU scale (here): the offline SmolLM2-135M-Instruct on the long-completion multistep task in the
-# paper's small-step regime (+experiment=bench_long: n_step 4, n_group 4, ~70-token working, 64
+# paper's small-step regime (+experiment=bench_long: n_step 4, n_group 4, ~95-token working, 64
 # held-out problems), fp32. Every run trains on the same number of samples, CPU_EPOCHS passes over the
 # 2,000 training problems with 4 completions each (0.064 -> 512 samples: 128 rounds at H = 1, 16 at
 # H = 8), and is evaluated every CPU_EVAL_SAMPLES samples whatever its H. At the ~1.5-2.9 s per sample
@@ -113,7 +113,7 @@ table4-%: install
 CPU_BASE         ?= +experiment=bench_long
 CPU_EPOCHS       ?= 0.064
 CPU_EVAL_SAMPLES ?= 128
-CPU_FAMILIES     ?= task.terms=5,6
+CPU_FAMILIES     ?= task.terms=6,7
 CPU_ARGS         ?= $(CPU_BASE) rounds=null epochs=$(CPU_EPOCHS) "eval.every='\$${div:$(CPU_EVAL_SAMPLES),\$${algorithm.n_inference}}'" logger.progress=false ckpt.every=0
 # each run's final checkpoint (~1.6 GB for 135M parameters with AdamW state) is not needed for the tables
 PRUNE             = rm -rf multirun/$(1)/*/checkpoints
@@ -124,7 +124,7 @@ reproduce-table1-cpu: install  ## Table 1 on CPU: RAPID H=8, PG, GRPO (H=1 and H
 	$(STATS) multirun/table1_cpu --out experiments/results/table1_cpu
 	$(FIGURES) multirun/table1_cpu --out experiments/results/table1_cpu
 
-reproduce-table2-cpu: install  ## Table 2 on CPU: the same methods on harder variants of the task (5 and 6 terms)
+reproduce-table2-cpu: install  ## Table 2 on CPU: the same methods on harder variants of the task (6 and 7 terms)
 	$(SWEEP) $(CPU_FAMILIES) algorithm=$(METHODS) seed=$(SEEDS) $(CPU_ARGS) hydra.sweep.dir=multirun/table2_cpu
 	$(call PRUNE,table2_cpu)
 	$(STATS) multirun/table2_cpu --out experiments/results/table2_cpu
