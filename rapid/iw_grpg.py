@@ -31,7 +31,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["group_advantages", "iw_grpg_loss", "sequence_logprobs", "masked_mean"]
+__all__ = ["group_advantages", "iw_grpg_loss", "normalized_ess", "sequence_logprobs", "masked_mean"]
 
 # exp(20) ≈ 4.9e8: a larger log-ratio is clamped before exp so that w stays finite even in
 # float32; such a weight is clipped to η anyway whenever η is finite.
@@ -94,8 +94,10 @@ def iw_grpg_loss(
 
     stats (Python floats, means over this call's B, so micro-batched callers aggregate them
     by a size-weighted mean, and ``iw_max`` by max): ``clip_frac`` fraction with w > η;
-    ``staleness`` mean |log w̄|; ``iw_mean``, ``iw_max`` of the unclipped w; ``adv_mean``,
-    ``adv_abs_mean`` of A. Weights use log-ratios clamped at ``LOG_RATIO_MAX``.
+    ``staleness`` mean |log w̄|; ``iw_mean``, ``iw_max`` of the unclipped w; ``w_bar_mean``,
+    ``w_bar_sq_mean`` the first two moments of the clipped w̄ (their size-weighted means over
+    micro-batches or ranks give the whole minibatch's, hence its ESS, see ``normalized_ess``);
+    ``adv_mean``, ``adv_abs_mean`` of A. Weights use log-ratios clamped at ``LOG_RATIO_MAX``.
     """
     if eta is not None and eta <= 0:
         raise ValueError(f"eta must be positive or None (no clipping); got {eta}.")
@@ -115,10 +117,24 @@ def iw_grpg_loss(
 
     clipped = torch.zeros_like(w) if eta is None else (w > eta).to(dtype)
     values = torch.stack(
-        [clipped.mean(), log_w_bar.abs().mean(), w.mean(), w.max(), adv.mean(), adv.abs().mean()]
+        [clipped.mean(), log_w_bar.abs().mean(), w.mean(), w.max(), w_bar.mean(), w_bar.square().mean(),
+         adv.mean(), adv.abs().mean()]
     ).tolist()  # one device sync
-    names = ("clip_frac", "staleness", "iw_mean", "iw_max", "adv_mean", "adv_abs_mean")
+    names = ("clip_frac", "staleness", "iw_mean", "iw_max", "w_bar_mean", "w_bar_sq_mean", "adv_mean", "adv_abs_mean")
     return loss, dict(zip(names, values))
+
+
+def normalized_ess(w_bar_mean: float, w_bar_sq_mean: float) -> float:
+    """Normalised effective sample size of the weights w̄_1..w̄_B of a minibatch, from their moments:
+
+        ESS / B = (Σ w̄)² / (B Σ w̄²) = mean(w̄)² / mean(w̄²)   in (0, 1]
+
+    1 when all weights are equal (on-policy: w̄ = 1); 1/B when one weight carries the whole
+    minibatch. Moments rather than per-call ESS values, because the moments of a minibatch split
+    into micro-batches (or over ranks) are the size-weighted means of theirs, while ESS values are
+    not. All-zero weights (every log-ratio below float range) give 0.
+    """
+    return w_bar_mean ** 2 / w_bar_sq_mean if w_bar_sq_mean > 0 else 0.0
 
 
 def sequence_logprobs(token_logp: Tensor, mask: Tensor) -> Tensor:
