@@ -3,11 +3,15 @@ per-step ESS values and phase times; every expected number is worked out in the 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from rapid import adaptive_h as ah
+from rapid.config import ConfigError, register_resolvers, run_length, validate
+
+REPO = Path(__file__).resolve().parents[1]
 
 SETTINGS = ah.Settings(h_min=1, h_max=16, ess_target=0.5, ess_floor=0.2, cost_tolerance=0.05, n_step=32)
 
@@ -142,3 +146,46 @@ def test_state_round_trips_through_a_checkpoint(tmp_path):
     assert loaded == state
     r = ah.Round(2, on_curve(0.001, 2), 12.0, 0.0, 32.0, 1.0)
     assert ah.update(loaded, SETTINGS, r) == ah.update(state, SETTINGS, r)
+
+
+# ----------------------------------------------------------------------------- config
+
+def composed(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        return compose("config", overrides=["+experiment=smoke", *overrides])
+
+
+def test_auto_config_validates_and_derives_the_run_length():
+    cfg = composed("algorithm.H=auto", "samples=160")
+    validate(cfg, world=1)
+    assert cfg.algorithm.n_inference == "auto"          # the `mul` resolver with an auto factor
+    assert run_length(cfg, n_train=384) == (None, 160)
+    # fixed H: the resolver still multiplies, and the length is rounds * n_inference, or `samples`
+    fixed = composed("algorithm.H=4")
+    validate(fixed, world=1)
+    assert fixed.algorithm.n_inference == 32 and run_length(fixed, 384) == (3, 96)
+    assert run_length(composed("algorithm.H=4", "samples=64"), 384) == (2, 64)
+    # epochs (rounds=null): 1 epoch of 384 problems x 4 completions = 1536 samples = 48 rounds of 32;
+    # with H=auto the same budget, in samples (a multiple of n_step = 8)
+    assert run_length(composed("algorithm.H=4", "rounds=null", "epochs=1"), 384) == (48, 1536)
+    assert run_length(composed("algorithm.H=auto", "rounds=null", "epochs=0.5"), 384) == (None, 768)
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["algorithm.H=auto"], ("H=auto", "samples=")),                                   # rounds=3 is no budget
+    (["algorithm.H=auto", "samples=100"], ("samples=100", "n_step", "8")),
+    (["algorithm.H=4", "samples=100"], ("samples=100", "32")),
+    (["algorithm=grpo", "algorithm.H=auto", "samples=160"], ("iw_grpg", "grpo")),
+    (["algorithm.H=auto", "samples=160", "algorithm.auto_h.min=4", "algorithm.auto_h.max=2"], ("min=4", "max=2")),
+    (["algorithm.H=auto", "samples=160", "algorithm.auto_h.ess_floor=0.6"], ("ess_floor=0.6", "ess_target=0.5")),
+    (["algorithm.H=auto", "samples=160", "algorithm.auto_h.cost_tolerance=-1"], ("cost_tolerance=-1",)),
+    (["algorithm.H=0"], ("H=0", "auto")),
+    (["algorithm.H=auto", "samples=160", "algorithm.n_inference=64"], ("n_inference=64",)),
+])
+def test_bad_auto_config_is_one_sentence(overrides, words):
+    with pytest.raises(ConfigError) as e:
+        validate(composed(*overrides), world=1)
+    assert all(w in str(e.value) for w in words), str(e.value)
