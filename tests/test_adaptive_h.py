@@ -2,7 +2,12 @@
 per-step ESS values and phase times; every expected number is worked out in the comments."""
 from __future__ import annotations
 
+import csv
+import importlib.util
+import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -189,3 +194,39 @@ def test_bad_auto_config_is_one_sentence(overrides, words):
     with pytest.raises(ConfigError) as e:
         validate(composed(*overrides), world=1)
     assert all(w in str(e.value) for w in words), str(e.value)
+
+
+# ----------------------------------------------------------------------------- tools/auto_h_report.py
+
+def test_auto_h_report_verdict_by_hand(tmp_path):
+    spec = importlib.util.spec_from_file_location("auto_h_report", REPO / "tools" / "auto_h_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    runs = {"PG": ([0.40, 0.50, 0.45], 200.0), "RAPID H=2": ([0.44, 0.46, 0.42], 180.0),
+            "RAPID H=4": ([0.30, 0.32, 0.34], 150.0), "RAPID H=auto": ([0.40, 0.41, 0.42], 190.0)}
+    with (tmp_path / "runs.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, ["method", "seed", "accuracy_after", "s_per_1k", "rounds", "unused_samples"])
+        writer.writeheader()
+        for method, (accs, s) in runs.items():
+            for seed, acc in enumerate(accs):
+                writer.writerow({"method": method, "seed": seed, "accuracy_after": acc, "s_per_1k": s, "rounds": 4,
+                                 "unused_samples": 8 if method == "RAPID H=auto" else 0})
+    run = tmp_path / "runs" / "rapid_hauto_s0"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("algorithm:\n  n_step: 8\n")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"round": 1, "samples": 8, "algorithm/H": 1, "algorithm/ess_last": 1.0},
+        {"round": 2, "samples": 24, "algorithm/H": 2, "algorithm/ess_last": 0.7}]))
+    table = {m["method"]: m for m in report.summarize(list(csv.DictReader((tmp_path / "runs.csv").open())))}
+    # PG: mean 0.45, sd 0.05, half-width t(0.975, 2) · 0.05 / √3 = 4.303 · 0.028868 = 0.12422
+    assert table["PG"]["accuracy"] == pytest.approx(0.45) and table["PG"]["ci"] == pytest.approx(0.124217, abs=1e-5)
+    v = report.verdict(list(table.values()))
+    # best PG, interval down to 0.32578: H = 2 (0.44) is in it, H = 4 (0.32) is not -> fastest in it: H = 2, 180 s;
+    # auto: 0.41 is in it, 190 / 180 = 1.056 <= 1.10
+    assert (v["best"], v["fastest"], v["accuracy_ok"], v["wall_ok"]) == ("PG", "RAPID H=2", True, True)
+    assert v["wall_ratio"] == pytest.approx(190 / 180)
+    subprocess.run([sys.executable, str(REPO / "tools" / "auto_h_report.py"), str(tmp_path)], check=True,
+                   capture_output=True)
+    text = (tmp_path / "auto_h.md").read_text()
+    assert "| RAPID H=auto | 3 | 0.410 ± 0.025 | 190.0 | 4.0 | 8 |" in text and "1.06x the fastest" in text
+    assert (tmp_path / "auto_h.png").stat().st_size > 1000

@@ -1,12 +1,13 @@
-"""Wall time of RL fine-tuning, side by side in one invocation: RAPID with H in {1 (= PG), 2, 4, 8, 16},
-GRPO, and Hugging Face TRL's GRPOTrainer, on the same model, task, number of samples and completion
-length; then the floors of the RAPID H = 8 run.
+"""Wall time of RL fine-tuning, side by side in one invocation: RAPID with H in {1 (= PG), 2, 4, 8, 16}
+(and `auto`, H chosen every round), GRPO, and Hugging Face TRL's GRPOTrainer, on the same model, task,
+number of samples and completion length; then the floors of the RAPID H = 8 run.
 
     python tools/bench_rl.py                                   # CPU: the default run's model and task (make bench-rl)
     python tools/bench_rl.py --samples 2048 --seeds 0 1 2 model=qwen2.5_0.5b task=math   # any overrides
     python tools/bench_rl.py --nproc 4 ...                     # rapid under torchrun (DDP, one engine per rank)
     python tools/bench_rl.py --throughput-only ...             # random Qwen2.5-0.5B, fixed-length completions
     python tools/bench_rl.py --floors outputs/<run>            # only the floors of one run (logger.rollouts=true)
+    python tools/bench_rl.py --h 1 2 4 8 16 auto --no-grpo --no-trl --no-floors   # fixed H against H=auto
 
 Each method is a fresh process (`python -m rapid.train`, `tools/trl_grpo.py`) with the same Hydra
 overrides, `rounds` chosen so that every method trains on `--samples` samples; evaluation runs before
@@ -45,8 +46,8 @@ PHASES = ("generate", "reward", "recompute", "train", "sync", "other")
 
 
 def method_list(hs: list[int], grpo: bool, trl: bool) -> list[dict]:
-    methods = [{"name": "PG" if h == 1 else f"RAPID H={h}", "key": f"rapid_h{h}",
-                "overrides": ["algorithm=rapid", f"algorithm.H={h}"]} for h in hs]
+    methods = [{"name": "PG" if h == "1" else f"RAPID H={h}", "key": f"rapid_h{h}",
+                "overrides": ["algorithm=rapid", f"algorithm.H={h}"]} for h in map(str, hs)]
     if grpo:
         methods.append({"name": "GRPO", "key": "grpo", "overrides": ["algorithm=grpo"]})
     if trl:
@@ -68,11 +69,13 @@ def composed(overrides: list[str]):
 def run_method(method: dict, seed: int, samples: int, common: list[str], out: Path, nproc: int, floors: bool,
                reuse: bool = False) -> dict:
     cfg = composed(common + method["overrides"])
-    per_round = cfg.algorithm.H * cfg.algorithm.n_step
+    auto = cfg.algorithm.H == "auto"                     # H=auto runs to a sample budget
+    per_round = cfg.algorithm.n_step if auto else cfg.algorithm.H * cfg.algorithm.n_step
     if samples % per_round:
         raise SystemExit(f"--samples {samples} is not a multiple of {method['name']}'s {per_round} samples per round")
     run_dir = out / "runs" / f"{method['key']}_s{seed}"
-    args = [*common, *method["overrides"], f"rounds={samples // per_round}", f"seed={seed}", "eval.every=0",
+    length = f"samples={samples}" if auto else f"rounds={samples // per_round}"
+    args = [*common, *method["overrides"], length, f"seed={seed}", "eval.every=0",
             "ckpt.every=0", "logger.progress=false", f"logger.rollouts={str(floors).lower()}"]
     if method.get("trl"):
         cmd = [sys.executable, str(REPO / "tools" / "trl_grpo.py"), "--out", str(run_dir), *args]
@@ -94,7 +97,8 @@ def run_method(method: dict, seed: int, samples: int, common: list[str], out: Pa
             raise SystemExit(f"{method['name']} failed (exit {proc.returncode}); see {log}")
     summary = json.loads((run_dir / "summary.json").read_text())
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)    # the final model is not needed here
-    row = {"method": method["name"], "seed": seed, "samples": summary["samples"],
+    row = {"method": method["name"], "seed": seed, "samples": summary["samples"], "rounds": summary["rounds"],
+           "unused_samples": summary.get("unused_samples", 0),
            "process_s": None if done else time.perf_counter() - t0, **result_row(summary)}
     print(f"    {row['s_per_1k']:.1f} s per 1000 samples, accuracy {row['accuracy_after']:.3f}", flush=True)
     if floors:
@@ -296,7 +300,8 @@ def main() -> None:
     p.add_argument("overrides", nargs="*", help="Hydra overrides given to every method (model=..., task=...)")
     p.add_argument("--samples", type=int, default=512, help="training samples per method (a multiple of 16 * n_step)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--h", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="the H of the RAPID runs (1 = PG)")
+    p.add_argument("--h", nargs="+", default=["1", "2", "4", "8", "16"],
+                   help="the H of the RAPID runs (1 = PG; auto = chosen every round, rapid/adaptive_h.py)")
     p.add_argument("--no-grpo", action="store_true")
     p.add_argument("--no-trl", action="store_true")
     p.add_argument("--no-floors", action="store_true", help="skip the floors of the RAPID H = 8 run")
