@@ -347,6 +347,23 @@ def test_ddp_two_ranks_match_single_process(tmp_path):
 
 
 @pytest.mark.slow
+def test_auto_h_under_ddp(tmp_path):
+    """Two ranks with H=auto: every rank decides H and early stops from the ESS of the whole minibatch
+    (moments all-reduced) and from phase times averaged over ranks, so all take the same number of
+    steps. Ranks that disagreed would issue different collectives (DDP's gradient all-reduce, the ESS
+    all-reduce) and the run would hang or fail; here it finishes with H moving and rounds stopped early."""
+    run = tmp_path / "ddp"
+    launch(["+experiment=smoke", "device=cpu", "algorithm.H=auto", "samples=96", "algorithm.auto_h.max=8",
+            "algorithm.auto_h.ess_target=0.9", "algorithm.auto_h.ess_floor=0.8", "train.micro_batch=4",
+            "optim.lr=1e-2", "eval.every=0", "ckpt.every=0", f"hydra.run.dir={run}"], tmp_path, shaped=True, nproc=2)
+    assert json.loads((run / "meta.json").read_text())["world_size"] == 2
+    rows = train_rows(read_rows(run))
+    assert len({r["algorithm/H"] for r in rows}) >= 2 and any(r["algorithm/unused_samples"] for r in rows)
+    assert sum(r["algorithm/H"] for r in rows) * 8 == rows[-1]["samples"] == 96
+    assert all(r["algorithm/steps"] * 8 + r["algorithm/unused_samples"] == r["algorithm/H"] * 8 for r in rows)
+
+
+@pytest.mark.slow
 def test_invalid_config_one_sentence(tmp_path):
     cases = {"n_step": (["algorithm.n_step=6", "algorithm.n_group=4"], ("n_step=6", "n_group=4")),
              "n_inference": (["algorithm.n_inference=100"], ("n_inference=100", "H * n_step")),
