@@ -54,6 +54,15 @@ def all_reduce_max(value: float, device: torch.device) -> float:
     return t.item()
 
 
+def all_gather_objects(obj) -> list:
+    """[obj of rank 0, obj of rank 1, ...] (a one-element list in a single process)."""
+    if not _owned:
+        return [obj]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
 def shutdown() -> None:
     """Destroy the process group this module created. A vLLM engine running inside it (sampler=vllm
     under torchrun) tears the group down itself at exit, so it is left to do so."""

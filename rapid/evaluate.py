@@ -6,7 +6,9 @@
 pass@k uses the unbiased estimator over n samples per problem (Chen et al., 2021):
     pass@k = 1 − C(n − c, k) / C(n, k),   c = number of the n samples with reward 1,
 averaged over problems. Under DDP each rank evaluates its share of the problems and the counts are
-summed. Results go to <run_dir>/eval.json and the console.
+summed. Results go to <run_dir>/eval.json and the console. `outcomes`, when given a list, receives the
+greedy verdict (1 or 0) of every problem in record order, gathered from all ranks: training runs keep
+them in <run_dir>/eval_outcomes.jsonl, so that confidence intervals can resample problems.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from rapid.config import exit_on_config_error
-from rapid.distributed import all_reduce_sum
+from rapid.distributed import all_gather_objects, all_reduce_sum
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -35,7 +37,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def evaluate(sampler, task, records: list[dict], prompts: list[list[int]], *, max_new_tokens: int,
              temperature: float = 0.0, n_samples: int = 1, sample_temperature: float = 1.0,
              ks: tuple[int, ...] = (1,), rank: int = 0, world: int = 1, device=torch.device("cpu"),
-             seed: int = 0) -> dict[str, float]:
+             seed: int = 0, outcomes: list[int] | None = None) -> dict[str, float]:
     """`eval/accuracy` (greedy if temperature is 0), `eval/reward_mean`, `eval/completion_len`, `eval/n`,
     and with n_samples > 1 `eval/pass@k` for each k in ks from n_samples samples at sample_temperature."""
     mine = list(range(rank, len(records), world))
@@ -44,6 +46,9 @@ def evaluate(sampler, task, records: list[dict], prompts: list[list[int]], *, ma
                              seeds=[seed + i for i in mine])
     rewards = [task.reward(c[0].text, records[i]) for c, i in zip(first, mine)]
     values = [sum(r == 1.0 for r in rewards), sum(rewards), len(mine), sum(len(c[0].token_ids) for c in first)]
+    if outcomes is not None:
+        by_index = {i: int(r == 1.0) for part in all_gather_objects(list(zip(mine, rewards))) for i, r in part}
+        outcomes[:] = [by_index[i] for i in range(len(records))]
     ks = tuple(k for k in ks if k <= n_samples) if n_samples > 1 else ()
     if ks:
         groups = sampler.generate(my_prompts, n=n_samples, max_new_tokens=max_new_tokens,

@@ -2,7 +2,8 @@
 
 Keys are namespaced (`train/`, `iw/`, `eval/`, `time/`, `sampler/`) with units in the name.
 With `logger.rollouts=true` every round's samples go to <run_dir>/rollouts.jsonl as well
-(prompt index, completion token ids and text, reward). Only rank 0 writes. On resume, rows after
+(prompt index, completion token ids and text, reward), and every evaluation's per-problem greedy
+verdicts go to <run_dir>/eval_outcomes.jsonl. Only rank 0 writes. On resume, rows after
 the checkpoint's round are dropped first, so the files read as if the run had never stopped.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ class MetricsLogger:
         self.enabled, self.wandb = enabled, None
         if not enabled:
             return
-        for path in (self.path, self.path.parent / "rollouts.jsonl"):
+        for path in (self.path, self.path.parent / "rollouts.jsonl", self.path.parent / "eval_outcomes.jsonl"):
             if resume_round is not None and path.exists():
                 rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
                 kept = [r for r in rows if r.get("round", 0) <= resume_round]
@@ -62,6 +63,13 @@ class MetricsLogger:
                 f.write(json.dumps({"round": round_, "group": r.group_id, "prompt_index": r.prompt_index,
                                     "completion_ids": r.completion_ids, "text": r.text, "reward": r.reward,
                                     "truncated": r.truncated}) + "\n")
+
+    def log_eval_outcomes(self, round_: int, correct: list[int]) -> None:
+        """One evaluation's verdicts (1 or 0 per held-out problem, in eval order)."""
+        if not self.enabled:
+            return
+        with (self.path.parent / "eval_outcomes.jsonl").open("a") as f:
+            f.write(json.dumps({"round": round_, "correct": correct}) + "\n")
 
     def close(self) -> None:
         if self.wandb is not None:

@@ -206,12 +206,15 @@ def train(cfg: DictConfig) -> dict:
 
     def run_eval(round_: int, log: bool = True) -> dict:
         t0 = time.perf_counter()
+        correct = []
         row = evaluate(sampler, task, eval_records, eval_prompts, max_new_tokens=t.max_new_tokens,
                        temperature=cfg.eval.temperature, n_samples=cfg.eval.n_samples, sample_temperature=temperature,
-                       ks=tuple(cfg.eval.ks), rank=rank, world=world, device=device, seed=derive_seed(cfg.seed, 3) % 2**31)
+                       ks=tuple(cfg.eval.ks), rank=rank, world=world, device=device, seed=derive_seed(cfg.seed, 3) % 2**31,
+                       outcomes=correct)
         row = {"round": round_, **row, "time/eval_s": time.perf_counter() - t0}
         if log:
             logger.log(row)
+            logger.log_eval_outcomes(round_, correct)
         print0(f"eval @ round {round_}: accuracy {row['eval/accuracy']:.3f} on {row['eval/n']} problems")
         return row
 
@@ -318,7 +321,9 @@ def train(cfg: DictConfig) -> dict:
         bar.set_postfix(reward=f"{row['train/reward_mean']:.3f}", clip=f"{row.get('iw/clip_frac', 0):.2f}",
                         stale=f"{row.get('iw/staleness', 0):.3f}", H=H, s_round=f"{row['time/round_s']:.1f}")
         last = samples_done >= cfg.samples
-        if (cfg.eval.every and (round_ + 1) % cfg.eval.every == 0) or last:
+        every_samples = cfg.eval.get("every_samples") or cfg.samples + 1
+        crossed = samples_done // every_samples > (samples_done - H * a.n_step) // every_samples
+        if (cfg.eval.every and (round_ + 1) % cfg.eval.every == 0) or crossed or last:
             final = run_eval(round_ + 1)
         if (cfg.ckpt.every and (round_ + 1) % cfg.ckpt.every == 0) or last:
             if distributed.is_main():

@@ -190,6 +190,12 @@ def test_smoke_run_writes_config_metrics_summary(tmp_path):
     assert [r["wall_s"] for r in trains] == sorted(r["wall_s"] for r in trains)
     for r in evals:
         assert set(EVAL_KEYS) <= set(r) and r["eval/n"] == 16 and 0.0 <= r["eval/accuracy"] <= 1.0
+    # eval_outcomes.jsonl: each evaluation's per-problem greedy verdicts, agreeing with its accuracy
+    outcomes = [json.loads(line) for line in (run / "eval_outcomes.jsonl").read_text().splitlines()]
+    assert [o["round"] for o in outcomes] == [r["round"] for r in evals]
+    for o, r in zip(outcomes, evals):
+        assert len(o["correct"]) == 16 and set(o["correct"]) <= {0, 1}
+        assert sum(o["correct"]) / 16 == r["eval/accuracy"]
 
     summary = json.loads((run / "summary.json").read_text())
     assert set(SUMMARY_KEYS) <= set(summary), set(SUMMARY_KEYS) - set(summary)
@@ -263,7 +269,7 @@ def test_auto_h_moves_stops_early_and_resumes(tmp_path):
     budget, n_step = 192, 8
     overrides = ["+experiment=smoke", "device=cpu", "algorithm.H=auto", f"samples={budget}", "algorithm.auto_h.max=8",
                  "algorithm.auto_h.cost_tolerance=0", "algorithm.auto_h.ess_floor=0.45", "optim.lr=1e-2",
-                 "eval.every=0", "ckpt.every=2", "ckpt.keep=20"]
+                 "eval.every=0", "eval.every_samples=64", "ckpt.every=2", "ckpt.keep=20"]
     run_a = tmp_path / "a"
     launch([*overrides, f"hydra.run.dir={run_a}"], tmp_path, shaped=True)
     cfg = yaml.safe_load((run_a / "config.yaml").read_text())
@@ -291,6 +297,9 @@ def test_auto_h_moves_stops_early_and_resumes(tmp_path):
         step = (r["samples"] - r["algorithm/H"] * n_step) // n_step + r["algorithm/steps"] - 1
         assert r["train/lr"] == pytest.approx(1e-2 * 0.5 * (1 + math.cos(math.pi * step / 24)), rel=1e-6)
     assert samples == budget and any(r["algorithm/unused_samples"] for r in trains)
+    # eval.every_samples=64: after the rounds that cross 64, 128 and 192 samples, and before training
+    crossing = [r["round"] for r in trains if r["samples"] // 64 > (r["samples"] - r["algorithm/H"] * n_step) // 64]
+    assert [r["round"] for r in eval_rows(rows_a)] == [0, *crossing] and len(crossing) == 3
     summary = json.loads((run_a / "summary.json").read_text())
     assert (summary["samples"], summary["rounds"]) == (budget, len(trains))
     assert summary["unused_samples"] == sum(r["algorithm/unused_samples"] for r in trains) > 0

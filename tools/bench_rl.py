@@ -67,15 +67,17 @@ def composed(overrides: list[str]):
 
 
 def run_method(method: dict, seed: int, samples: int, common: list[str], out: Path, nproc: int, floors: bool,
-               reuse: bool = False) -> dict:
+               reuse: bool = False, eval_every_samples: int = 0) -> dict:
     cfg = composed(common + method["overrides"])
-    auto = cfg.algorithm.H == "auto"                     # H=auto runs to a sample budget
+    auto = cfg.algorithm.H == "auto"            # H=auto: a sample budget, evaluations every so many samples
     per_round = cfg.algorithm.n_step if auto else cfg.algorithm.H * cfg.algorithm.n_step
-    if samples % per_round:
-        raise SystemExit(f"--samples {samples} is not a multiple of {method['name']}'s {per_round} samples per round")
+    if samples % per_round or eval_every_samples % per_round:
+        raise SystemExit(f"--samples {samples} and --eval-every-samples {eval_every_samples} must be multiples of "
+                         f"{method['name']}'s {per_round} samples per round")
     run_dir = out / "runs" / f"{method['key']}_s{seed}"
-    length = f"samples={samples}" if auto else f"rounds={samples // per_round}"
-    args = [*common, *method["overrides"], length, f"seed={seed}", "eval.every=0",
+    length = [f"samples={samples}", "eval.every=0", f"eval.every_samples={eval_every_samples}"] if auto else \
+        [f"rounds={samples // per_round}", f"eval.every={eval_every_samples // per_round}"]
+    args = [*common, *method["overrides"], *length, f"seed={seed}",
             "ckpt.every=0", "logger.progress=false", f"logger.rollouts={str(floors).lower()}"]
     if method.get("trl"):
         cmd = [sys.executable, str(REPO / "tools" / "trl_grpo.py"), "--out", str(run_dir), *args]
@@ -97,7 +99,7 @@ def run_method(method: dict, seed: int, samples: int, common: list[str], out: Pa
             raise SystemExit(f"{method['name']} failed (exit {proc.returncode}); see {log}")
     summary = json.loads((run_dir / "summary.json").read_text())
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)    # the final model is not needed here
-    row = {"method": method["name"], "seed": seed, "samples": summary["samples"], "rounds": summary["rounds"],
+    row = {"method": method["name"], "seed": seed, "samples": summary["samples"], "rounds": summary.get("rounds"),
            "unused_samples": summary.get("unused_samples", 0),
            "process_s": None if done else time.perf_counter() - t0, **result_row(summary)}
     print(f"    {row['s_per_1k']:.1f} s per 1000 samples, accuracy {row['accuracy_after']:.3f}", flush=True)
@@ -307,6 +309,8 @@ def main() -> None:
     p.add_argument("--no-floors", action="store_true", help="skip the floors of the RAPID H = 8 run")
     p.add_argument("--reuse", action="store_true",
                    help="keep the runs already in --out (add seeds to a finished benchmark, or finish an interrupted one)")
+    p.add_argument("--eval-every-samples", type=int, default=0,
+                   help="also evaluate every this many training samples (untimed; 0: before and after training only)")
     p.add_argument("--nproc", type=int, default=1, help="processes (GPUs) per run, launched with torchrun")
     p.add_argument("--throughput-only", action="store_true",
                    help="Qwen2.5-0.5B's architecture with random weights, completions of exactly task.max_new_tokens")
@@ -331,7 +335,8 @@ def main() -> None:
     for seed in args.seeds:
         for method in methods:
             floors = method["key"] == "rapid_h8" and not args.no_floors
-            rows.append(run_method(method, seed, args.samples, overrides, args.out, args.nproc, floors, args.reuse))
+            rows.append(run_method(method, seed, args.samples, overrides, args.out, args.nproc, floors, args.reuse,
+                                   args.eval_every_samples))
             report(rows, meta, args.out)          # a partial table survives an interrupted benchmark
     print("\n" + report(rows, meta, args.out))
 

@@ -10,7 +10,7 @@ from types import ModuleType
 
 from rapid.config import ConfigError
 
-TASKS = ("arithmetic", "math", "gsm8k", "mbpp_plus", "minif2f")
+TASKS = ("arithmetic", "multistep", "math", "gsm8k", "mbpp_plus", "minif2f")
 
 
 def get_task(name: str) -> ModuleType:
