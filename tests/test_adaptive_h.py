@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from rapid import adaptive_h as ah
 from rapid.config import ConfigError, register_resolvers, run_length, validate
@@ -230,3 +231,23 @@ def test_auto_h_report_verdict_by_hand(tmp_path):
     text = (tmp_path / "auto_h.md").read_text()
     assert "| RAPID H=auto | 3 | 0.410 ± 0.025 | 190.0 | 4.0 | 8 |" in text and "1.06x the fastest" in text
     assert (tmp_path / "auto_h.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_bench_rl_runs_auto_to_the_same_sample_budget(tmp_path):
+    """tools/bench_rl.py --h auto: the H=auto run gets the sample budget (not a round count) and its
+    evaluation every so many samples; the per-run table records its rounds."""
+    from tests.test_train import env_for
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "bench_rl.py"), "+experiment=smoke", "sampler=hf",
+                           "device=cpu", "--samples", "64", "--eval-every-samples", "32", "--h", "auto", "--no-grpo",
+                           "--no-trl", "--no-floors", "--out", str(out)], cwd=REPO, env=env_for(tmp_path),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (row,) = list(csv.DictReader((out / "runs.csv").open()))
+    assert row["method"] == "RAPID H=auto" and int(row["samples"]) == 64
+    cfg = yaml.safe_load((out / "runs" / "rapid_hauto_s0" / "config.yaml").read_text())
+    assert (cfg["samples"], cfg["rounds"], cfg["eval"]["every_samples"]) == (64, None, 32)
+    metrics = [json.loads(line) for line in (out / "runs" / "rapid_hauto_s0" / "metrics.jsonl").read_text().splitlines()]
+    trains = [r for r in metrics if "algorithm/H" in r]
+    assert int(row["rounds"]) == len(trains) and sum(r["algorithm/H"] for r in trains) * 8 == 64
