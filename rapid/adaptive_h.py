@@ -12,8 +12,8 @@ sync); too large an H trains on stale samples. After every round the controller 
    On step 1, θ = μ and e_1 reflects only the sampler/trainer log-prob mismatch (1 with exact log μ);
    H cannot change that part, so the controller works with the drift ESS d_k = e_k / e_1 and
         ℓ_k = −log d_k   (≥ 0).
-   If log w = mismatch + drift with independent normal parts, −log e_k = Var(log w) and ℓ_k is the
-   variance of the drift. A policy moving by a steady step per update drifts ∝ (k − 1), so
+   If log w = mismatch + drift with independent normal parts (and few weights clipped), the ESS of
+   log-normal weights gives −log e_k = Var(log w), so ℓ_k is the variance of the drift. A policy moving by a steady step per update drifts ∝ (k − 1), so
         ℓ_k ≈ s · (k − 1)²,      s = Σ_{k≥2} (k−1)² ℓ_k / Σ_{k≥2} (k−1)⁴   (least squares, the round's steps)
    predicts the drift ESS of the last step of a round of H steps as exp(−s (H − 1)²). The cap is the
    largest H whose prediction stays at or above ρ = `ess_target`:
