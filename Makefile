@@ -50,6 +50,16 @@ bench: install  ## sampler and policy benchmarks (experiments/results/bench_*.md
 bench-rl: install  ## RAPID H=1..16, GRPO and TRL side by side, with floors (CPU, ~25 min; experiments/results/bench_rl_cpu)
 	$(PY) tools/bench_rl.py
 
+.PHONY: cost-model
+# the default run's completions average ~8 tokens; e.g. COST_MODEL_ARGS="task=... algorithm.n_step=4 --completion-len 120"
+COST_MODEL_ARGS ?= --completion-len 8
+cost-model: install  ## cost model of the default run: generation per call size, training, sync; predicted s/1k samples per H
+	$(PY) tools/cost_model.py $(COST_MODEL_ARGS)
+
+.PHONY: bench-long
+bench-long: install  ## the paper's small-step regime (n_step 4, n_group 4, ~120-token completions): PG vs RAPID H, one CPU core
+	bash experiments/bench_long.sh
+
 bench-rl-gpu: install  ## the same on GPUs with Qwen2.5-0.5B-Instruct (NPROC=4 for 4 GPUs; THROUGHPUT_ONLY=1 offline)
 	bash experiments/bench_rl_gpu.sh
 

@@ -114,3 +114,108 @@ def test_reuse_reads_finished_runs_into_the_table(tmp_path):
     assert float(table["RAPID H=8"]["s_per_1k"]) == pytest.approx(60 / 0.512)
     assert float(table["RAPID H=8"]["train_s_per_1k"]) == pytest.approx(30 / 0.512)
     assert float(table["RAPID H=8"]["vs_pg"]) == pytest.approx(0.6) and float(table["PG"]["peak_rss_mib"]) == 1234.0
+
+
+# ------------------------------------------------------------------ spread, confidence intervals, predictions
+
+def test_bootstrap_degenerate_cases_by_hand():
+    assert bench_rl.bootstrap_accuracy([[1, 1, 1], [1, 1, 1]]) == (1.0, 1.0, 1.0)     # nothing to resample
+    assert bench_rl.bootstrap_accuracy([[0, 1, 0, 1]] * 3, n_boot=10)[0] == 0.5
+    # one seed always right, one always wrong: a replicate is (number of draws of the first) / 2, i.e. 0, 0.5
+    # or 1 with probabilities 1/4, 1/2, 1/4: the 2.5 and 97.5 percentiles are 0 and 1
+    mean, low, high = bench_rl.bootstrap_accuracy([[1] * 5, [0] * 5])
+    assert (mean, low, high) == (0.5, 0.0, 1.0)
+    stats = bench_rl.bootstrap_replicates([[1] * 5, [0] * 5], n_boot=20_000)
+    assert set(stats.tolist()) == {0.0, 0.5, 1.0} and abs((stats == 0.5).mean() - 0.5) < 0.02
+
+
+def test_bootstrap_of_one_seed_is_the_binomial():
+    """One seed, 10 of 20 right: a replicate is Binomial(20, 1/2) / 20. P(X <= 5) = 0.021 and P(X <= 6) = 0.058,
+    so the 2.5th percentile is 6/20; P(X <= 13) = 0.942 and P(X <= 14) = 0.979, so the 97.5th is 14/20."""
+    assert bench_rl.bootstrap_accuracy([[1] * 10 + [0] * 10]) == pytest.approx((0.5, 0.30, 0.70))
+
+
+@pytest.mark.parametrize("sizes", [(10, 10, 10), (10, 20, 40)])
+def test_bootstrap_variance_counts_seeds_and_problems(sizes):
+    """A replicate is the mean of S iid draws X: pick a seed uniformly, then the mean of its N_s problems drawn
+    with replacement. So Var = (Var_s(p_s) + mean_s(p_s (1 - p_s) / N_s)) / S (Var_s over the S seeds, 1/S).
+    With p = 0.4, 0.5, 0.6 and N = 10: (0.006667 + 0.024333) / 3 = 0.010333, sd 0.1017 (over seeds alone
+    it would be 0.047, over problems alone 0.090)."""
+    import numpy as np
+
+    p = [0.4, 0.5, 0.6]
+    per_seed = [[1] * round(q * n) + [0] * (n - round(q * n)) for q, n in zip(p, sizes)]
+    pa, na = np.array(p), np.array(sizes)
+    expected_sd = np.sqrt((pa.var() + (pa * (1 - pa) / na).mean()) / 3)
+    n_boot = 20_000 if len(set(sizes)) == 1 else 4_000
+    stats = bench_rl.bootstrap_replicates(per_seed, n_boot=n_boot, seed=1)
+    assert stats.std() == pytest.approx(expected_sd, rel=0.03 if n_boot == 20_000 else 0.05)
+    assert stats.mean() == pytest.approx(0.5, abs=3 * expected_sd / np.sqrt(n_boot))
+    if len(set(sizes)) == 1:
+        assert expected_sd == pytest.approx(0.1017, abs=1e-4)
+
+
+def test_wilson_interval_by_hand():
+    # 8 of 10: center (0.8 + 1.96^2 / 20) / (1 + 1.96^2 / 10) = 0.99208 / 1.38415 = 0.71674,
+    # half 1.96 * sqrt(0.016 + 0.009604) / 1.38415 = 0.22658  ->  (0.4902, 0.9433)
+    assert bench_rl.wilson_interval(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)
+    assert bench_rl.wilson_interval(0, 10)[0] == pytest.approx(0.0) and bench_rl.wilson_interval(10, 10)[1] == pytest.approx(1.0)
+
+
+def test_accuracy_interval_says_how_it_was_made():
+    with_outcomes = [{"accuracy_after": 1.0, "eval_correct": [1] * 5}, {"accuracy_after": 0.0, "eval_correct": [0] * 5}]
+    assert bench_rl.accuracy_interval(with_outcomes) == {"accuracy_mean": 0.5, "accuracy_ci_low": 0.0, "accuracy_ci_high": 1.0,
+                                                         "accuracy_ci": "bootstrap over seeds and problems"}
+    # 50 + 70 of 200 pooled: p = 0.6, center 0.60960 / 1.01921 = 0.59812, half 1.96 * sqrt(0.0012 + 0.000024) / 1.01921
+    # = 0.06728  ->  (0.5308, 0.6654)
+    pooled = bench_rl.accuracy_interval([{"accuracy_after": 0.5, "eval_n": 100}, {"accuracy_after": 0.7, "eval_n": 100}])
+    assert pooled["accuracy_ci"] == "binomial (Wilson), seeds pooled" and pooled["accuracy_mean"] == pytest.approx(0.6)
+    assert (pooled["accuracy_ci_low"], pooled["accuracy_ci_high"]) == pytest.approx((0.5308, 0.6654), abs=1e-4)
+    seeds_only = bench_rl.accuracy_interval([{"accuracy_after": 0.5}, {"accuracy_after": 0.5}])
+    assert seeds_only["accuracy_ci"] == "bootstrap over seeds" and seeds_only["accuracy_ci_low"] == 0.5
+
+
+def test_report_shows_spread_interval_and_prediction(tmp_path):
+    rows = [fake_row("PG", s, w, 0.3) | {"eval_correct": [1, 0, 1, 0], "predicted_s_per_1k": 240.0,
+                                         "predicted_generate_s_per_1k": 100.0}
+            for s, w in ((0, 300.0), (1, 200.0), (2, 260.0))]
+    rows += [fake_row("TRL GRPOTrainer", 0, 400.0, 0.2) | {"eval_n": 100}]
+    meta = {"device": "CPU", "samples": 512, "seeds": [0, 1, 2], "overrides": [], "git": "abc", "date": "d",
+            "command": "python tools/bench_rl.py", "machine": {"cpu_model": "Test CPU", "cpu_cores": 2,
+                                                                 "vector_extensions": ["avx2", "fma"]}}
+    text = bench_rl.report(rows, meta, tmp_path)
+    # median 260, spread 200-300, predicted 240: error 240 / 260 - 1 = -8%
+    assert "| PG | 260.0 | 200.0-300.0 | 240.0 | -8% |" in text
+    assert "| 0.300 | 0.500 [" in text and "0.200 [0.133, 0.289] b |" in text     # Wilson(20, 100) = (0.1333, 0.2888)
+    assert "| PG | 100.0 / 43.3 |" in text                                           # the per-phase comparison
+    assert "CPU Test CPU (2 cores; vector extensions: avx2 fma)" in text
+    saved = json.loads((tmp_path / "bench_rl_meta.json").read_text())
+    assert saved["machine"]["vector_extensions"] == ["avx2", "fma"]
+    assert saved["accuracy_interval"]["TRL GRPOTrainer"] == "binomial (Wilson), seeds pooled"
+    table = {r["method"]: r for r in csv.DictReader((tmp_path / "bench_rl.csv").open())}
+    assert float(table["PG"]["s_per_1k_min"]) == 200.0 and float(table["PG"]["s_per_1k_std"]) == pytest.approx(50.332, abs=1e-3)
+    assert float(table["PG"]["prediction_error"]) == pytest.approx(240 / 260 - 1)
+    assert "eval_correct" not in next(csv.DictReader((tmp_path / "runs.csv").open()))
+
+
+def test_predicted_time_of_a_run_from_its_config(tmp_path):
+    """A run of H = 2, n_step 4, n_group 4 with 3-token completions, against the hand-computed cost model of
+    tests/test_cost_model.py: 0.132 s per sample, 132 s per 1k."""
+    from tests.test_cost_model import made_up
+
+    run = tmp_path / "rapid_h2_s0"
+    run.mkdir()
+    cfg = bench_rl.composed(["algorithm=rapid", "algorithm.H=2", "algorithm.n_step=4", "algorithm.n_group=4"])
+    OmegaConf.save(cfg, run / "config.yaml", resolve=True)
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps({"round": r, "train/completion_len": 3.0}) for r in (1, 2)))
+    (run / "eval_outcomes.jsonl").write_text('{"round": 0, "correct": [0, 0, 0]}\n{"round": 2, "correct": [1, 0, 1]}\n')
+    facts = bench_rl.run_facts(run, {"samples": 16})
+    assert facts["completion_len"] == 3.0 and facts["eval_correct"] == [1, 0, 1] and facts["eval_n"] == 3
+    rows = [{"method": "RAPID H=2", **facts}, {"method": "TRL GRPOTrainer", "run_dir": str(tmp_path / "trl")}]
+    bench_rl.predict_runs(rows, made_up())
+    assert rows[0]["predicted_s_per_1k"] == pytest.approx(132.0)
+    assert rows[0]["predicted_generate_s_per_1k"] == pytest.approx(75.0) and "predicted_s_per_1k" not in rows[1]
+    OmegaConf.save(bench_rl.composed(["algorithm=grpo", "algorithm.n_step=4", "algorithm.n_group=4", "algorithm.H=2"]),
+                   run / "config.yaml", resolve=True)
+    bench_rl.predict_runs(rows, made_up())           # GRPO: plus the reference forward, 9.5 s per 1k
+    assert rows[0]["predicted_train_s_per_1k"] == pytest.approx(36.0 + 9.5)

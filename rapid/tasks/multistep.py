@@ -9,10 +9,12 @@ The solved examples in the prompt show the working one step a line, carrying a r
     Step 3: the total so far is 19; add 4: 19 + 4 = 23.
     The answer is \\boxed{23}.
 
-so a completion that follows them is ~20 tokens a step (~70 tokens for four terms with the
-SmolLM2 tokenizer). Only the final answer is graded: 1 if the last \\boxed{} holds the sum, else 0
-(`rapid.tasks.grading.boxed_number_reward`). A weak model drops or repeats a term, or adds wrongly;
-RL has to make it keep count.
+so a completion that follows them is ~20 tokens a step. Only the final answer is graded: 1 if the
+last \\boxed{} holds the sum, else 0 (`rapid.tasks.grading.boxed_number_reward`). A weak model drops,
+merges or repeats terms, or adds wrongly; RL has to make it keep count. Measured with the offline
+SmolLM2-135M-Instruct and conf/task/multistep.yaml (five terms from 1-9, one solved example), on 64
+held-out problems: greedy accuracy 0.27 with ~120-token completions, 0.09 sampled at T = 0.7; with four
+terms 0.72 and 0.25 (~90 tokens), with six 0.06.
 
 The problem set is `n_train + n_eval` distinct term lists drawn with `seed`; the first `n_eval` are
 held out, the rest train, and the prompt's solved examples come from the training split.
