@@ -86,7 +86,7 @@ def distill(cfg: DictConfig, run_dir: Path | None = None) -> dict:
     teacher_cfg = teacher_config(d.teacher, cfg.model)
     teacher, tokenizer = load_model_and_tokenizer(teacher_cfg.path, teacher_cfg.gguf, teacher_cfg.architecture, seed=cfg.seed)
     teacher.to(device).eval()
-    task = get_task(t.name)
+    task = get_task(t.name, t.module)
     records = task.load("train", **t)[:d.n_prompts]
     prompts = task.build_prompts(records, tokenizer, **t)
     run_dir.mkdir(parents=True, exist_ok=True)

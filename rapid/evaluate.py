@@ -80,7 +80,7 @@ def main(cfg: DictConfig) -> dict:
     architecture = None if cfg.eval.checkpoint else cfg.model.architecture
     model, tokenizer = load_model_and_tokenizer(path, gguf, architecture, seed=cfg.seed)
     model.to(device).eval()
-    task = get_task(cfg.task.name)
+    task = get_task(cfg.task.name, cfg.task.module)
     records = task.load("test", **cfg.task)[:cfg.eval.n]
     prompts = task.build_prompts(records, tokenizer, **cfg.task)
     dtype = DTYPES[cfg.model.dtype]

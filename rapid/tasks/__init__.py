@@ -1,8 +1,15 @@
-"""Tasks. Each module exposes `load(split, **cfg) -> records`, `build_prompts(records, tokenizer,
-**cfg) -> token ids per record` and `reward(completion, record) -> float`.
+"""Tasks. A task is a module with three functions:
 
-Records carry what grading them needs (e.g. a `grading` dict with time limits), because
-`reward` sees only the completion and the record."""
+    load(split, **cfg) -> records                      split is "train" or "test"
+    build_prompts(records, tokenizer, **cfg) -> token ids per record
+    reward(completion, record) -> float                1.0 counts as correct
+
+`cfg` is the run's `task` config (every key of it, so a task ignores what it does not use). Records
+carry what grading them needs (e.g. a `grading` dict with time limits), because `reward` sees only
+the completion and the record. The built-in tasks live in this package; `task.module` names the
+module of any other task, e.g. `python -m rapid.train task.module=my_package.my_task task.name=mine`
+(it must be importable, also by reward worker processes).
+"""
 from __future__ import annotations
 
 import importlib
@@ -11,12 +18,25 @@ from types import ModuleType
 from rapid.config import ConfigError
 
 TASKS = ("arithmetic", "multistep", "math", "gsm8k", "mbpp_plus", "minif2f")
+TASK_FUNCTIONS = ("load", "build_prompts", "reward")
 
 
-def get_task(name: str) -> ModuleType:
-    if name not in TASKS:
-        raise ConfigError(f"unknown task '{name}': choose one of {', '.join(TASKS)}")
-    return importlib.import_module(f"rapid.tasks.{name}")
+def get_task(name: str, module: str | None = None) -> ModuleType:
+    """The module of a built-in task by `name`, or the module named by `module` (a plugin task)."""
+    if module is None:
+        if name not in TASKS:
+            raise ConfigError(f"unknown task '{name}': choose one of {', '.join(TASKS)}, or set task.module to "
+                              "the module of your own task")
+        module = f"rapid.tasks.{name}"
+    try:
+        task = importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"task.module={module} cannot be imported ({e}): put its package on PYTHONPATH") from e
+    missing = [f for f in TASK_FUNCTIONS if not callable(getattr(task, f, None))]
+    if missing:
+        raise ConfigError(f"task.module={module} lacks {', '.join(missing)}: a task module defines load(split, **cfg), "
+                          "build_prompts(records, tokenizer, **cfg) and reward(completion, record)")
+    return task
 
 
 def encode_prompts(user_texts: list[str], tokenizer, system: str = "", use_chat_template: bool = True,
@@ -36,7 +56,7 @@ def encode_prompts(user_texts: list[str], tokenizer, system: str = "", use_chat_
 def load_splits(task_cfg, tokenizer, n_eval: int | None = None):
     """(task module, train records, train prompts, eval records, eval prompts) for a `task` config;
     the eval split is cut to its first `n_eval` records."""
-    task = get_task(task_cfg.name)
+    task = get_task(task_cfg.name, task_cfg.module)
     train_records = task.load("train", **task_cfg)
     eval_records = task.load("test", **task_cfg)[:n_eval]
     return (task, train_records, task.build_prompts(train_records, tokenizer, **task_cfg),
