@@ -1,10 +1,11 @@
-"""Config checks that stop a run at start-up with one sentence, and the resolvers: `mul`, which
-derives `algorithm.n_inference = H * n_step` (one home for each number), and `div`, a // b but at
-least 1, so that a sweep over H can evaluate every so many samples:
-`eval.every='${div:512,${algorithm.n_inference}}'`."""
+"""Config checks that stop a run at start-up with one sentence; the resolvers `mul`, which derives
+`algorithm.n_inference = H * n_step` (one home for each number; `auto` when H is chosen each round,
+rapid/adaptive_h.py), and `div`, a // b but at least 1, so that a sweep over H can evaluate every so many
+samples (`eval.every='${div:512,${algorithm.n_inference}}'`); and the run's length in rounds and samples."""
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from typing import Callable
 
@@ -32,24 +33,44 @@ def exit_on_config_error(main: Callable) -> Callable:
 
 
 def register_resolvers() -> None:
-    if not OmegaConf.has_resolver("mul"):
-        OmegaConf.register_new_resolver("mul", lambda *xs: __import__("math").prod(int(x) for x in xs))
+    if not OmegaConf.has_resolver("mul"):   # ${mul:a,b}: the product, or auto when a factor is auto
+        OmegaConf.register_new_resolver("mul", lambda *xs: "auto" if "auto" in xs else math.prod(int(x) for x in xs))
     if not OmegaConf.has_resolver("div"):
         OmegaConf.register_new_resolver("div", lambda a, b: max(1, int(a) // int(b)))
 
 
+def run_length(cfg: DictConfig, n_train: int) -> tuple[int | None, int]:
+    """(rounds, samples) of a run: `samples` generated samples when set, else `rounds` rounds of
+    n_inference, else `epochs` passes over the n_train training problems. With H=auto the run ends
+    when its sample budget is spent and the number of rounds is not fixed (None)."""
+    a = cfg.algorithm
+    per_round = a.n_step if a.H == "auto" else a.n_inference
+    if cfg.get("samples") is not None:
+        samples = cfg.samples
+    elif cfg.rounds is not None:
+        samples = cfg.rounds * a.n_inference
+    else:
+        samples = math.ceil(cfg.epochs * n_train * a.n_group / per_round) * per_round
+    return (None if a.H == "auto" else samples // a.n_inference), samples
+
+
 def validate(cfg: DictConfig, world: int) -> None:
     a = cfg.algorithm
+    auto = a.H == "auto"
+    samples = cfg.get("samples")
     checks = [
-        (a.H >= 1, f"algorithm.H={a.H} must be at least 1"),
+        (auto or (isinstance(a.H, int) and a.H >= 1), f"algorithm.H={a.H} must be a positive integer or auto"),
         (a.n_group >= 2 or not a.leave_one_out, "algorithm.leave_one_out needs algorithm.n_group >= 2"),
         (a.n_group >= 1, f"algorithm.n_group={a.n_group} must be at least 1"),
         (a.n_step % a.n_group == 0,
          f"algorithm.n_step={a.n_step} must be a multiple of algorithm.n_group={a.n_group}, so that a "
          "minibatch holds whole groups"),
-        (a.n_inference == a.H * a.n_step,
-         f"algorithm.n_inference={a.n_inference} must equal H * n_step = {a.H * a.n_step}: set algorithm.H "
-         "and algorithm.n_step, not n_inference"),
+        (a.n_inference == ("auto" if auto else a.H * a.n_step),
+         f"algorithm.n_inference={a.n_inference} must equal H * n_step = {'auto' if auto else a.H * a.n_step}: "
+         "set algorithm.H and algorithm.n_step, not n_inference"),
+        (samples is None or (samples >= 1 and samples % (a.n_step if auto else a.n_inference) == 0),
+         f"samples={samples} must be a positive multiple of " +
+         (f"algorithm.n_step = {a.n_step}" if auto else f"the samples per round, n_inference = H * n_step = {a.n_inference}")),
         (a.n_step % (a.n_group * world) == 0,
          f"algorithm.n_step={a.n_step} must split into whole groups of {a.n_group} over {world} ranks "
          f"(a multiple of n_group * world_size = {a.n_group * world})"),
@@ -68,6 +89,27 @@ def validate(cfg: DictConfig, world: int) -> None:
         (cfg.device != "cuda" or torch.cuda.is_available(),
          "device=cuda was asked for but no CUDA GPU is visible: run on a GPU machine or set device=cpu"),
     ]
+    if auto:
+        h = a.get("auto_h")
+        checks += [
+            (a.loss == "iw_grpg", f"algorithm.H=auto needs algorithm.loss=iw_grpg (it reads the IW-GRPG importance "
+             f"weights), not {a.loss}"),
+            (a.get("num_iterations", 1) == 1 and not a.get("dynamic_sampling", False),
+             "algorithm.H=auto takes one pass over each round's samples: set algorithm.num_iterations=1 and "
+             "algorithm.dynamic_sampling=false"),
+            (samples is not None or cfg.rounds is None,
+             "algorithm.H=auto runs to a sample budget: set samples=<n> (a multiple of algorithm.n_step), or "
+             "rounds=null to train for `epochs` passes"),
+            (h is not None, "algorithm.H=auto needs algorithm.auto_h (min, max, ess_target, ess_floor, "
+             "cost_tolerance; see conf/algorithm/rapid.yaml)"),
+        ]
+        if h is not None:
+            checks += [
+                (1 <= h.min <= h.max, f"algorithm.auto_h.min={h.min} and max={h.max} must satisfy 1 <= min <= max"),
+                (0 < h.ess_floor <= h.ess_target < 1, f"algorithm.auto_h.ess_floor={h.ess_floor} and "
+                 f"ess_target={h.ess_target} must satisfy 0 < ess_floor <= ess_target < 1"),
+                (h.cost_tolerance >= 0, f"algorithm.auto_h.cost_tolerance={h.cost_tolerance} must be >= 0"),
+            ]
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)

@@ -45,7 +45,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["group_advantages", "iw_grpg_loss", "sequence_logprobs", "masked_mean"]
+__all__ = ["group_advantages", "iw_grpg_loss", "normalized_ess", "sequence_logprobs", "masked_mean"]
 
 # exp(20) ≈ 4.9e8: a larger log-ratio is clamped before exp so that w stays finite even in
 # float32; such a weight is clipped to η anyway whenever η is finite.
@@ -111,9 +111,11 @@ def iw_grpg_loss(
 
     stats (Python floats, means over this call's B, so micro-batched callers aggregate them
     by a size-weighted mean, and ``iw_max`` by max): ``clip_frac`` fraction with w > η;
-    ``staleness`` mean |log w̄|; ``iw_mean``, ``iw_max`` of the unclipped w; ``adv_mean``,
-    ``adv_abs_mean`` of A; ``clipped_mass`` (module docstring; a ratio over this call's records,
-    so a micro-batched minibatch reports the size-weighted mean of its micro-batches' ratios).
+    ``staleness`` mean |log w̄|; ``iw_mean``, ``iw_max`` of the unclipped w; ``w_bar_mean``,
+    ``w_bar_sq_mean`` the first two moments of the clipped w̄ (their size-weighted means over
+    micro-batches or ranks give the whole minibatch's, hence its ESS, see ``normalized_ess``);
+    ``adv_mean``, ``adv_abs_mean`` of A; ``clipped_mass`` (module docstring; a ratio over this call's
+    records, so a micro-batched minibatch reports the size-weighted mean of its micro-batches' ratios).
     Weights use log-ratios clamped at ``LOG_RATIO_MAX``.
     """
     if eta is not None and eta <= 0:
@@ -139,11 +141,25 @@ def iw_grpg_loss(
     removed = ((w - w_bar) * adv.abs()).sum()  # Σ (w − w̄)|A|
     clipped_mass = torch.where(mass > 0, removed / mass.clamp(min=torch.finfo(dtype).tiny), 0.0)
     values = torch.stack(
-        [clipped.mean(), log_w_bar.abs().mean(), w.mean(), w.max(), adv.mean(), adv.abs().mean(),
-         clipped_mass]
+        [clipped.mean(), log_w_bar.abs().mean(), w.mean(), w.max(), w_bar.mean(), w_bar.square().mean(),
+         adv.mean(), adv.abs().mean(), clipped_mass]
     ).tolist()  # one device sync
-    names = ("clip_frac", "staleness", "iw_mean", "iw_max", "adv_mean", "adv_abs_mean", "clipped_mass")
+    names = ("clip_frac", "staleness", "iw_mean", "iw_max", "w_bar_mean", "w_bar_sq_mean", "adv_mean", "adv_abs_mean",
+             "clipped_mass")
     return loss, dict(zip(names, values))
+
+
+def normalized_ess(w_bar_mean: float, w_bar_sq_mean: float) -> float:
+    """Normalised effective sample size of the weights w̄_1..w̄_B of a minibatch, from their moments:
+
+        ESS / B = (Σ w̄)² / (B Σ w̄²) = mean(w̄)² / mean(w̄²)   in (0, 1]
+
+    1 when all weights are equal (on-policy: w̄ = 1); 1/B when one weight carries the whole
+    minibatch. Moments rather than per-call ESS values, because the moments of a minibatch split
+    into micro-batches (or over ranks) are the size-weighted means of theirs, while ESS values are
+    not. All-zero weights (every log-ratio below float range) give 0.
+    """
+    return w_bar_mean ** 2 / w_bar_sq_mean if w_bar_sq_mean > 0 else 0.0
 
 
 def sequence_logprobs(token_logp: Tensor, mask: Tensor) -> Tensor:

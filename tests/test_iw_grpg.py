@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rapid.iw_grpg import group_advantages, iw_grpg_loss, masked_mean, sequence_logprobs
+from rapid.iw_grpg import group_advantages, iw_grpg_loss, masked_mean, normalized_ess, sequence_logprobs
 
 F64 = dict(rtol=0.0, atol=1e-12)
 F32 = dict(rtol=0.0, atol=1e-6)
@@ -164,6 +164,11 @@ def test_stats_by_hand():
     assert s["iw_max"] == pytest.approx(4.0, abs=1e-12)
     assert s["adv_mean"] == pytest.approx(-0.25, abs=1e-12)
     assert s["adv_abs_mean"] == pytest.approx(0.5, abs=1e-12)
+    # moments of w̄: (2 + 0.5 + 1 + 1.5)/4 = 1.25, (4 + 0.25 + 1 + 2.25)/4 = 1.875;
+    # ESS/B = (Σ w̄)² / (B Σ w̄²) = 5² / (4 · 7.5) = 5/6
+    assert s["w_bar_mean"] == pytest.approx(1.25, abs=1e-12)
+    assert s["w_bar_sq_mean"] == pytest.approx(1.875, abs=1e-12)
+    assert normalized_ess(s["w_bar_mean"], s["w_bar_sq_mean"]) == pytest.approx(5 / 6, abs=1e-12)
 
     _, s = iw_grpg_loss(logp, logp_mu, rewards, ids, eta=None)
     # no clipping: |log w| = ln 4, ln 2, 0, ln 1.5; baseline (4 + 1)/4 = 1.25
@@ -172,6 +177,27 @@ def test_stats_by_hand():
     assert s["staleness"] == pytest.approx((3 * math.log(2) + math.log(1.5)) / 4, abs=1e-12)
     assert s["adv_mean"] == pytest.approx(-0.75, abs=1e-12)
     assert s["adv_abs_mean"] == pytest.approx(0.75, abs=1e-12)
+    # unclipped: Σ w = 7, Σ w² = 16 + 0.25 + 1 + 2.25 = 19.5 -> ESS/B = 49 / 78
+    assert normalized_ess(s["w_bar_mean"], s["w_bar_sq_mean"]) == pytest.approx(49 / 78, abs=1e-12)
+
+
+def test_normalized_ess_extremes_and_micro_batch_moments():
+    assert normalized_ess(1.0, 1.0) == 1.0                       # on-policy: every w̄ = 1
+    # one weight of 2 and three of 0 (B = 4): (Σ w̄)² / (B Σ w̄²) = 4 / (4 · 4) = 1/4 = 1/B
+    assert normalized_ess(2 / 4, 4 / 4) == pytest.approx(0.25, abs=1e-15)
+    assert normalized_ess(0.0, 0.0) == 0.0
+    # the moments of a minibatch are the size-weighted means of its micro-batches' moments
+    logp, logp_mu, rewards, ids = random_batch(4, n_groups=6, group_size=4)
+    _, full = iw_grpg_loss(logp, logp_mu, rewards, ids, eta=2.0)
+    w_bar = np.minimum(np.exp(logp.numpy() - logp_mu.numpy()), 2.0)
+    assert normalized_ess(full["w_bar_mean"], full["w_bar_sq_mean"]) == \
+        pytest.approx(w_bar.sum() ** 2 / (len(w_bar) * (w_bar ** 2).sum()), abs=1e-12)
+    m1 = m2 = 0.0
+    for chunk in (ids.unique()[:2], ids.unique()[2:]):            # 8 and 16 of the 24 records
+        idx = torch.isin(ids, chunk).nonzero().squeeze(1)
+        _, s = iw_grpg_loss(logp[idx], logp_mu[idx], rewards[idx], ids[idx], eta=2.0)
+        m1, m2 = m1 + s["w_bar_mean"] * len(idx) / 24, m2 + s["w_bar_sq_mean"] * len(idx) / 24
+    assert (m1, m2) == (pytest.approx(full["w_bar_mean"], abs=1e-12), pytest.approx(full["w_bar_sq_mean"], abs=1e-12))
 
 
 # One group of four: w = 4, 0.5, 1, 1.5 (η = 2 clips the first to 2), R = 1, 0, 1, 0.

@@ -55,7 +55,8 @@ SUMMARY_KEYS = ("eval/accuracy_before", "eval/accuracy_after", "rounds", "sample
 
 def is_timing(key: str) -> bool:
     """Wall-clock and memory measurements: the only values allowed to differ between equivalent runs."""
-    return key.startswith(("time/", "mem/")) or key in ("wall_s", "sampler/tokens_per_s")
+    return key.startswith(("time/", "mem/")) or key in ("wall_s", "sampler/tokens_per_s", "algorithm/gen_alpha_s",
+                                                         "algorithm/predicted_s_per_sample")
 
 
 def env_for(tmp: Path, **extra: str) -> dict[str, str]:
@@ -259,6 +260,67 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.slow
+def test_auto_h_moves_stops_early_and_resumes(tmp_path):
+    """algorithm.H=auto on the tiny model with a learnable reward (lr 1e-2, so the policy moves fast):
+    H grows from 1 while the importance weights stay fresh, shrinks when they go stale, a round whose
+    ESS falls below the floor stops early, and the sample budget is spent exactly. With
+    cost_tolerance=0 the choice depends on the weights alone, so a run resumed from a mid-run
+    checkpoint repeats the same H sequence and ends with the same weights."""
+    budget, n_step = 192, 8
+    overrides = ["+experiment=smoke", "device=cpu", "algorithm.H=auto", f"samples={budget}", "algorithm.auto_h.max=8",
+                 "algorithm.auto_h.cost_tolerance=0", "algorithm.auto_h.ess_floor=0.45", "optim.lr=1e-2",
+                 "eval.every=0", "eval.every_samples=64", "ckpt.every=2", "ckpt.keep=20"]
+    run_a = tmp_path / "a"
+    launch([*overrides, f"hydra.run.dir={run_a}"], tmp_path, shaped=True)
+    cfg = yaml.safe_load((run_a / "config.yaml").read_text())
+    assert (cfg["algorithm"]["H"], cfg["algorithm"]["n_inference"], cfg["rounds"], cfg["samples"]) == \
+        ("auto", "auto", None, budget)
+    rows_a = read_rows(run_a)
+    trains = train_rows(rows_a)
+    hs = [r["algorithm/H"] for r in trains]
+    assert hs[0] == 1 and max(hs) >= 4, hs                                       # starts at min, grows
+    assert any(b < a for a, b in zip(hs, hs[1:])), hs                             # and shrinks
+    samples = 0
+    for r, nxt in zip(trains, trains[1:] + [None]):
+        samples += r["algorithm/H"] * n_step
+        assert r["samples"] == samples                                           # generated, cumulative
+        assert r["algorithm/steps"] * n_step + r["algorithm/unused_samples"] == r["algorithm/H"] * n_step
+        if r["algorithm/unused_samples"]:       # stopped: the step below the floor was measured, not applied
+            assert r["algorithm/ess_last"] < 0.45 and r["algorithm/steps"] < r["algorithm/H"]
+        else:
+            assert r["algorithm/ess_last"] >= 0.45 and r["algorithm/steps"] == r["algorithm/H"]
+        assert 1 <= r["algorithm/next_H"] <= min(8, 2 * r["algorithm/H"], r["algorithm/next_H_ess"])
+        if nxt is not None:                     # the next round runs the chosen H, cut to the budget left
+            assert nxt["algorithm/H"] == min(r["algorithm/next_H"], (budget - samples) // n_step)
+        # the cosine schedule runs over budget / n_step = 24 steps indexed by samples generated: the
+        # row's lr is that of its last applied step
+        step = (r["samples"] - r["algorithm/H"] * n_step) // n_step + r["algorithm/steps"] - 1
+        assert r["train/lr"] == pytest.approx(1e-2 * 0.5 * (1 + math.cos(math.pi * step / 24)), rel=1e-6)
+    assert samples == budget and any(r["algorithm/unused_samples"] for r in trains)
+    # eval.every_samples=64: after the rounds that cross 64, 128 and 192 samples, and before training
+    crossing = [r["round"] for r in trains if r["samples"] // 64 > (r["samples"] - r["algorithm/H"] * n_step) // 64]
+    assert [r["round"] for r in eval_rows(rows_a)] == [0, *crossing] and len(crossing) == 3
+    summary = json.loads((run_a / "summary.json").read_text())
+    assert (summary["samples"], summary["rounds"]) == (budget, len(trains))
+    assert summary["unused_samples"] == sum(r["algorithm/unused_samples"] for r in trains) > 0
+    last = sorted((run_a / "checkpoints").iterdir())[-1]
+    assert torch.load(last / "state.pt", weights_only=False)["auto_h"]["H"] == trains[-1]["algorithm/next_H"]
+
+    # B: the state of run A killed during round 5
+    run_b = tmp_path / "b"
+    shutil.copytree(run_a, run_b)
+    for ckpt in (run_b / "checkpoints").iterdir():
+        if ckpt.name > "round_000004":
+            shutil.rmtree(ckpt)
+    (run_b / "summary.json").unlink()
+    (run_b / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_a if r["round"] <= 4))
+    proc = launch([f"resume={run_b}", f"hydra.run.dir={tmp_path / 'resume_hydra'}"], tmp_path, shaped=True)
+    assert "at round 4" in proc.stdout
+    assert_rows_equal([r for r in read_rows(run_b) if r["round"] > 4], [r for r in rows_a if r["round"] > 4])
+    assert_same_weights(final_weights(run_b, len(trains)), final_weights(run_a, len(trains)), atol=1e-6)
+
+
+@pytest.mark.slow
 def test_ddp_two_ranks_match_single_process(tmp_path):
     # H = 1: one gradient step per round on the whole round (16 records, 4 prompts); on 2 ranks
     # each takes 2 prompts and 2 micro-batches of one group; DDP averages the two halves.
@@ -291,6 +353,23 @@ def test_ddp_two_ranks_match_single_process(tmp_path):
         assert_same_weights(final_weights(ddp, round_), final_weights(single, round_), atol=1e-5)
     step_2 = max((final_weights(single, 2)[k] - w).abs().max().item() for k, w in final_weights(single, 1).items())
     assert step_2 > 1e-4                                            # Adam at lr 1e-3 moved the weights
+
+
+@pytest.mark.slow
+def test_auto_h_under_ddp(tmp_path):
+    """Two ranks with H=auto: every rank decides H and early stops from the ESS of the whole minibatch
+    (moments all-reduced) and from phase times averaged over ranks, so all take the same number of
+    steps. Ranks that disagreed would issue different collectives (DDP's gradient all-reduce, the ESS
+    all-reduce) and the run would hang or fail; here it finishes with H moving and rounds stopped early."""
+    run = tmp_path / "ddp"
+    launch(["+experiment=smoke", "device=cpu", "algorithm.H=auto", "samples=96", "algorithm.auto_h.max=8",
+            "algorithm.auto_h.ess_target=0.9", "algorithm.auto_h.ess_floor=0.8", "train.micro_batch=4",
+            "optim.lr=1e-2", "eval.every=0", "ckpt.every=0", f"hydra.run.dir={run}"], tmp_path, shaped=True, nproc=2)
+    assert json.loads((run / "meta.json").read_text())["world_size"] == 2
+    rows = train_rows(read_rows(run))
+    assert len({r["algorithm/H"] for r in rows}) >= 2 and any(r["algorithm/unused_samples"] for r in rows)
+    assert sum(r["algorithm/H"] for r in rows) * 8 == rows[-1]["samples"] == 96
+    assert all(r["algorithm/steps"] * 8 + r["algorithm/unused_samples"] == r["algorithm/H"] * 8 for r in rows)
 
 
 @pytest.mark.slow
