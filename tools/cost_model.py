@@ -381,7 +381,7 @@ def measure(cfg, completion_len: float, sizes: list[int], repeats: int, log=prin
                                      temperature=temperature, seeds=list(range(len(idx))))
 
     # ---- generation
-    engine_call(min(8, max(sizes)), L)               # warm-up (the first call builds kernels)
+    engine_call(min(8, max(sizes)), min(L, 8))       # warm-up (the first call builds kernels)
     generation = {"sizes": [], "n_per_prompt": [], "first_s": [], "call_s": [], "step_s": []}
     texts, text_records = [], []
     for B in sizes:
