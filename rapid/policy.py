@@ -8,7 +8,7 @@ prompt is run once for its n completions (`CompletionLogprobs`).
 A minibatch of `n_step` records is processed in micro-batches of whole groups; each
 micro-batch's loss is normalised by the full minibatch's size (records or completion tokens),
 so the accumulated gradient is exactly the full-minibatch gradient. Under DDP, gradients are all-reduced once, on the last
-micro-batch.
+micro-batch, and token counts are global (each rank divides by its share of the count over all ranks).
 """
 from __future__ import annotations
 
@@ -83,6 +83,8 @@ def accumulate_gradients(policy: torch.nn.Module, records: list[Rollout], loss_f
     buffer keeps groups contiguous). Returns the minibatch's stats (record-weighted means)."""
     B = len(records)
     n_tokens = sum(len(r.completion_ids) for r in records)
+    if isinstance(policy, DistributedDataParallel):
+        n_tokens = global_token_share(n_tokens, policy)
     chunks = [records[i:i + micro_batch] for i in range(0, B, micro_batch)]
     totals: dict[str, float] = {}
     for k, chunk in enumerate(chunks):
@@ -102,6 +104,16 @@ def accumulate_gradients(policy: torch.nn.Module, records: list[Rollout], loss_f
             else:
                 totals[key] = totals.get(key, 0.0) + value * len(chunk) / B
     return totals
+
+
+def global_token_share(n_tokens: int, policy: DistributedDataParallel) -> float:
+    """The normaliser of a token-mean loss on this rank: (completion tokens over all ranks) / world.
+    DDP averages the ranks' gradients, so Σ_rank (1/world) Σ_tokens ∇o / (N / world) = Σ_all ∇o / N,
+    the single-process token mean; a rank's own count would over-weight ranks with short completions."""
+    device = next(policy.parameters()).device
+    total = torch.tensor([float(n_tokens)], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(total, group=policy.process_group)
+    return total.item() / torch.distributed.get_world_size(policy.process_group)
 
 
 @torch.no_grad()
