@@ -55,6 +55,10 @@ def validate(cfg: DictConfig, world: int) -> None:
         (cfg.model.dtype in DTYPES, f"model.dtype={cfg.model.dtype} must be one of {', '.join(DTYPES)}"),
         (cfg.sampler.temperature > 0, f"sampler.temperature={cfg.sampler.temperature} must be > 0 for RL "
          "(log-probs are taken at the sampling temperature)"),
+        (cfg.sampler.get("top_p", 1.0) == 1.0,
+         f"sampler.top_p={cfg.sampler.get('top_p')} would make log μ the renormalised nucleus while log π_θ is the "
+         "full softmax, so the importance weights and ratios would be wrong: keep sampler.top_p=1.0 for RL "
+         "(only distillation, distill.top_p, may truncate)"),
         (a.loss in ("iw_grpg", "grpo", "dapo"), f"algorithm.loss={a.loss} must be iw_grpg, grpo, dapo or sft"),
         (a.behavior_logprobs in ("sampler", "recompute"),
          f"algorithm.behavior_logprobs={a.behavior_logprobs} must be sampler or recompute"),

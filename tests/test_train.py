@@ -291,7 +291,8 @@ def test_ddp_two_ranks_match_single_process(tmp_path):
 def test_invalid_config_one_sentence(tmp_path):
     cases = {"n_step": (["algorithm.n_step=6", "algorithm.n_group=4"], ("n_step=6", "n_group=4")),
              "n_inference": (["algorithm.n_inference=100"], ("n_inference=100", "H * n_step")),
-             "cuda": (["device=cuda"], ("device=cuda", "GPU"))}
+             "cuda": (["device=cuda"], ("device=cuda", "GPU")),
+             "top_p": (["sampler.top_p=0.9"], ("sampler.top_p=0.9", "top_p=1.0"))}
     if torch.cuda.is_available():
         del cases["cuda"]
     results = launch_all({name: ["+experiment=smoke", *overrides, f"hydra.run.dir={tmp_path / name}"]
