@@ -94,8 +94,10 @@ def iw_grpg_loss(
 
     stats (Python floats, means over this call's B, so micro-batched callers aggregate them
     by a size-weighted mean, and ``iw_max`` by max): ``clip_frac`` fraction with w > η;
-    ``staleness`` mean |log w̄|; ``iw_mean``, ``iw_max`` of the unclipped w; ``adv_mean``,
-    ``adv_abs_mean`` of A. Weights use log-ratios clamped at ``LOG_RATIO_MAX``.
+    ``staleness`` mean |log w̄|; ``log_w_mean`` the signed mean of log w̄ (the paper's Table 3
+    "staleness": the clipped weight averaged in log scale); ``iw_mean``, ``iw_max`` of the
+    unclipped w; ``adv_mean``, ``adv_abs_mean`` of A. Weights use log-ratios clamped at
+    ``LOG_RATIO_MAX``.
     """
     if eta is not None and eta <= 0:
         raise ValueError(f"eta must be positive or None (no clipping); got {eta}.")
@@ -115,9 +117,10 @@ def iw_grpg_loss(
 
     clipped = torch.zeros_like(w) if eta is None else (w > eta).to(dtype)
     values = torch.stack(
-        [clipped.mean(), log_w_bar.abs().mean(), w.mean(), w.max(), adv.mean(), adv.abs().mean()]
+        [clipped.mean(), log_w_bar.abs().mean(), log_w_bar.mean(), w.mean(), w.max(), adv.mean(),
+         adv.abs().mean()]
     ).tolist()  # one device sync
-    names = ("clip_frac", "staleness", "iw_mean", "iw_max", "adv_mean", "adv_abs_mean")
+    names = ("clip_frac", "staleness", "log_w_mean", "iw_mean", "iw_max", "adv_mean", "adv_abs_mean")
     return loss, dict(zip(names, values))
 
 
