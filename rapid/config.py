@@ -1,9 +1,11 @@
-"""Config checks that stop a run at start-up with one sentence, and the `mul` resolver that
-derives `algorithm.n_inference = H * n_step` (one home for each number)."""
+"""Config checks that stop a run at start-up with one sentence, the `mul` resolver that
+derives `algorithm.n_inference = H * n_step` (one home for each number), and the resolution of
+`algorithm.behavior_logprobs: auto`."""
 from __future__ import annotations
 
 import functools
 import sys
+import warnings
 from typing import Callable
 
 import torch
@@ -34,8 +36,27 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("mul", lambda *xs: __import__("math").prod(int(x) for x in xs))
 
 
-def validate(cfg: DictConfig, world: int) -> None:
+def resolve_behavior_logprobs(cfg: DictConfig) -> str:
+    """`auto` -> `sampler` when the policy computes in fp32 (engine and trainer log-probs agree to
+    ~1e-6 per token), `recompute` otherwise: in bf16 the engine/trainer gap, summed over a
+    completion, spreads the first-step importance weights far from 1 (experiments/results/iw_bf16/)."""
     a = cfg.algorithm
+    if a.behavior_logprobs == "auto":
+        return "sampler" if cfg.model.dtype == "float32" else "recompute"
+    return a.behavior_logprobs
+
+
+def validate(cfg: DictConfig, world: int) -> None:
+    """Resolve `algorithm.behavior_logprobs: auto` in place (the saved config shows the choice), then
+    check; a user-fixable problem raises ConfigError with one sentence."""
+    a = cfg.algorithm
+    if a.get("behavior_logprobs") in ("auto", "sampler", "recompute"):
+        a.behavior_logprobs = resolve_behavior_logprobs(cfg)
+        if a.behavior_logprobs == "sampler" and cfg.model.dtype != "float32":
+            warnings.warn(f"algorithm.behavior_logprobs=sampler with model.dtype={cfg.model.dtype}: the engine's and the "
+                          "trainer's log-probs differ per token, so first-step importance weights are noise, not "
+                          "staleness; algorithm.behavior_logprobs=recompute (or auto) avoids it", stacklevel=2)
+    correction = a.get("engine_correction", "none")
     checks = [
         (a.H >= 1, f"algorithm.H={a.H} must be at least 1"),
         (a.n_group >= 2 or not a.leave_one_out, "algorithm.leave_one_out needs algorithm.n_group >= 2"),
@@ -61,7 +82,14 @@ def validate(cfg: DictConfig, world: int) -> None:
          "(only distillation, distill.top_p, may truncate)"),
         (a.loss in ("iw_grpg", "grpo", "dapo"), f"algorithm.loss={a.loss} must be iw_grpg, grpo, dapo or sft"),
         (a.behavior_logprobs in ("sampler", "recompute"),
-         f"algorithm.behavior_logprobs={a.behavior_logprobs} must be sampler or recompute"),
+         f"algorithm.behavior_logprobs={a.behavior_logprobs} must be auto, sampler or recompute"),
+        (correction in ("none", "token", "sequence"),
+         f"algorithm.engine_correction={correction} must be none, token or sequence"),
+        (correction == "none" or a.behavior_logprobs == "recompute",
+         f"algorithm.engine_correction={correction} corrects between the trainer's recomputed log μ and the "
+         "engine's, so it needs algorithm.behavior_logprobs=recompute"),
+        (correction == "none" or a.engine_correction_cap >= 1.0,
+         f"algorithm.engine_correction_cap={a.get('engine_correction_cap')} must be >= 1"),
         (cfg.rounds is None or cfg.rounds >= 1, f"rounds={cfg.rounds} must be at least 1 (or null: epochs)"),
         (cfg.rounds is not None or cfg.epochs > 0, "set rounds, or leave it null and set epochs > 0"),
         (cfg.device in ("auto", "cpu", "cuda"), f"device={cfg.device} must be auto, cpu or cuda"),

@@ -120,7 +120,8 @@ def global_token_share(n_tokens: int, policy: DistributedDataParallel) -> float:
 def recompute_behavior_logprobs(policy: torch.nn.Module, records: list[Rollout], *, micro_batch: int, pad_id: int,
                                 device: torch.device, compute_dtype: torch.dtype) -> float:
     """Replace each record's log μ by the trainer's own log-probs (exact: θ = μ at the start of a
-    round). Returns the mean |trainer − sampler| per completion token that this replaced."""
+    round), keeping the sampler's in `logp_engine`. Returns the mean |trainer − sampler| per
+    completion token that this replaced."""
     gap, n_tokens = 0.0, 0
     for i in range(0, len(records), micro_batch):
         chunk = records[i:i + micro_batch]
@@ -130,5 +131,6 @@ def recompute_behavior_logprobs(policy: torch.nn.Module, records: list[Rollout],
         gap += ((token_logp - batch.logp_mu).abs() * batch.completion_mask).sum().item()
         n_tokens += int(batch.completion_mask.sum())
         for r, row in zip(chunk, token_logp.cpu()):
+            r.logp_engine = r.logp_mu
             r.logp_mu = row[:len(r.completion_ids)].tolist()
     return gap / max(n_tokens, 1)
