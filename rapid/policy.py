@@ -117,20 +117,26 @@ def global_token_share(n_tokens: int, policy: DistributedDataParallel) -> float:
 
 
 @torch.no_grad()
-def recompute_behavior_logprobs(policy: torch.nn.Module, records: list[Rollout], *, micro_batch: int, pad_id: int,
-                                device: torch.device, compute_dtype: torch.dtype) -> float:
-    """Replace each record's log μ by the trainer's own log-probs (exact: θ = μ at the start of a
-    round), keeping the sampler's in `logp_engine`. Returns the mean |trainer − sampler| per
-    completion token that this replaced."""
+def recompute_behavior_logprobs(policy: torch.nn.Module, minibatches: list[list[Rollout]], *, micro_batch: int,
+                                pad_id: int, device: torch.device, compute_dtype: torch.dtype) -> float:
+    """Replace each record's log μ by the trainer's own log-probs (θ = μ at the start of a round),
+    keeping the sampler's in `logp_engine`. Returns the mean |trainer − sampler| per completion
+    token that this replaced.
+
+    The forward runs in exactly the micro-batches `accumulate_gradients` will use for these
+    minibatches (pass the round's first pass): in bf16 a record's log-probs depend on the shapes
+    of the batch it is computed in, so only the same micro-batches give w = 1 exactly at θ = μ."""
+    module = policy.module if isinstance(policy, DistributedDataParallel) else policy   # a forward, no gradient sync
     gap, n_tokens = 0.0, 0
-    for i in range(0, len(records), micro_batch):
-        chunk = records[i:i + micro_batch]
-        batch = collate(chunk, pad_id).to(device)
-        with autocast(device, compute_dtype):
-            token_logp = completion_logprobs(policy, batch).float()
-        gap += ((token_logp - batch.logp_mu).abs() * batch.completion_mask).sum().item()
-        n_tokens += int(batch.completion_mask.sum())
-        for r, row in zip(chunk, token_logp.cpu()):
-            r.logp_engine = r.logp_mu
-            r.logp_mu = row[:len(r.completion_ids)].tolist()
+    for records in minibatches:
+        for i in range(0, len(records), micro_batch):
+            chunk = records[i:i + micro_batch]
+            batch = collate(chunk, pad_id).to(device)
+            with autocast(device, compute_dtype):
+                token_logp = completion_logprobs(module, batch).float()
+            gap += ((token_logp - batch.logp_mu).abs() * batch.completion_mask).sum().item()
+            n_tokens += int(batch.completion_mask.sum())
+            for r, row in zip(chunk, token_logp.cpu()):
+                r.logp_engine = r.logp_mu
+                r.logp_mu = row[:len(r.completion_ids)].tolist()
     return gap / max(n_tokens, 1)

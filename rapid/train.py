@@ -243,21 +243,22 @@ def train(cfg: DictConfig) -> dict:
                 extra, d = keep_informative_groups(extra)
                 rollouts, failed, dropped = rollouts + extra, failed + f, dropped + d
             rollouts = trim_to_minibatches(rollouts, a.n_step // world, len(positions) * a.n_group, device)
+        # 4. Z_t, served as group-aligned minibatches (n_step records over all ranks), once per pass
+        buffer.clear()
+        buffer.add(rollouts)
+        shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, BUFFER_STREAM, round_))
+        passes = [buffer.minibatches(a.n_step // world, shuffle) for _ in range(a.get("num_iterations", 1))]
         mismatch = None
-        if a.behavior_logprobs == "recompute":   # exact log μ: one trainer forward pass, θ = μ here
+        if a.behavior_logprobs == "recompute":   # exact log μ: the trainer's forward at θ = μ, in the first pass's micro-batches
             with clock.phase("recompute"):
-                mismatch = recompute_behavior_logprobs(policy, rollouts, micro_batch=cfg.train.micro_batch,
+                mismatch = recompute_behavior_logprobs(policy, passes[0], micro_batch=cfg.train.micro_batch,
                                                        pad_id=sampler.pad_id, device=device, compute_dtype=compute_dtype)
         with clock.phase("sync"):
             sampler.sleep()
-        # 4. Z_t
-        buffer.clear()
-        buffer.add(rollouts)
-        # 5. H gradient steps on group-aligned minibatches (n_step records over all ranks)
-        shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, BUFFER_STREAM, round_))
+        # 5. H gradient steps
         steps = []
         with clock.phase("train"):
-            for minibatch in [mb for _ in range(a.get("num_iterations", 1)) for mb in buffer.minibatches(a.n_step // world, shuffle)]:
+            for minibatch in [mb for minibatches in passes for mb in minibatches]:
                 stats = accumulate_gradients(policy, minibatch, loss_fn, micro_batch=cfg.train.micro_batch,
                                              pad_id=sampler.pad_id, device=device, compute_dtype=compute_dtype)
                 stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip).item()

@@ -7,18 +7,23 @@ importance weights on a round's first minibatch, where θ = μ and every weight 
 
 For each completion length L: sample `--prompts` × `--n-group` completions of exactly L tokens
 (ignore_eos) from the vLLM engine at T = `--temperature`, keeping the engine's log-probs (log
-μ_engine); run `behavior_logprobs=recompute` as rapid.train does (one no-grad trainer forward over
-the round, log μ_trainer); then the trainer's forward of the first step as rapid.train runs it
-(shuffled minibatches of `--n-step` records of whole groups, micro-batches of `--micro-batch`,
-gradients enabled), log π_θ with θ = μ. No update is taken, so every minibatch of the round is
-"a first minibatch" and all samples count. Reported, for log μ from the sampler (log w =
-log π_θ − log μ_engine) and from the recompute (log w = log π_θ − log μ_trainer):
+μ_engine). The round's minibatches are drawn as rapid.train draws them (shuffled whole groups,
+`--n-step` records, micro-batches of `--micro-batch`), and the trainer's forward of the first step
+is run as rapid.train runs it (gradients enabled), giving log π_θ with θ = μ. No update is taken,
+so every minibatch of the round is "a first minibatch" and all samples count. Three sources of
+log μ are compared, each giving log w = log π_θ − log μ, which should be 0:
 
-- per-token gap: mean |Δ| and the std of Δ (Δ = log π_θ − log μ per completion token);
-- the sequence log w: mean, std, the fraction with w > η and with w < 1/η (η = `--eta`), and
-  std(Δ)·√L, what the std of log w would be if the token gaps were independent;
-- the truncated correction of rapid/mismatch.py between μ_trainer and μ_engine at C = `--cap`:
-  fraction truncated and mean ratio, token- and sequence-level.
+- `sampler`: the engine's own log-probs (`behavior_logprobs=sampler`);
+- `recompute`: rapid's `behavior_logprobs=recompute`, a no-grad trainer forward in the micro-batches
+  the first pass will use;
+- `recompute_unaligned`: the same forward over the records in generation order (other micro-batch
+  partners and padding), to show what batch composition alone does in this dtype.
+
+Reported for each: the per-token gap (mean |Δ|, std of Δ, Δ = log π_θ − log μ per completion
+token); the sequence log w (mean, std, the fraction with w > η and with w < 1/η, η = `--eta`) and
+std(Δ)·√L, what the std of log w would be if the token gaps were independent. Also the truncated
+correction of rapid/mismatch.py between μ_trainer (recompute) and μ_engine at C = `--cap`:
+fraction truncated and mean ratio, token- and sequence-level.
 
 Writes <out>/<dtype>.json (every number, and each sequence's log w), then <out>/iw_bf16.md (the
 table, with the CPU model and its vector extensions) and <out>/log_w_hist.png from every JSON there.
@@ -27,6 +32,7 @@ Needs matplotlib for the figure (`pip install matplotlib`).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import platform
@@ -40,6 +46,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 OUT = REPO / "experiments" / "results" / "iw_bf16"
+MODES = ("sampler", "recompute", "recompute_unaligned")    # where log μ comes from
 
 
 def cpu_description() -> str:
@@ -75,7 +82,8 @@ def summarize(delta_tokens: torch.Tensor, log_w: torch.Tensor, eta: float, L: in
             "staleness": log_w.clamp(max=math.log(eta)).abs().mean().item()}
 
 
-def measure(args) -> dict:
+def measure(args, save) -> None:
+    """Measure every length in `args.lengths`; after each, save({"rows": [...], "log_w": {...}})."""
     from rapid.buffer import ReplayBuffer, Rollout, collate
     from rapid.config import DTYPES
     from rapid.mismatch import truncated_is_factors
@@ -103,15 +111,19 @@ def measure(args) -> dict:
         records = [Rollout(prompt_ids=p, completion_ids=c.token_ids, logp_mu=c.logprobs, reward=0.0, group_id=k,
                            truncated=True) for k, (p, g) in enumerate(zip(prompts, groups)) for c in g]
         assert all(len(r.completion_ids) == L for r in records), "ignore_eos should give exactly L tokens"
-        recompute_behavior_logprobs(policy, records, micro_batch=args.micro_batch, pad_id=sampler.pad_id,
+        unaligned = copy.deepcopy(records)          # recomputed in generation order, micro-batches of --micro-batch
+        recompute_behavior_logprobs(policy, [unaligned], micro_batch=args.micro_batch, pad_id=sampler.pad_id,
                                     device=device, compute_dtype=dtype)
-        # the first step's forward, as rapid.train runs it: shuffled minibatches of whole groups, micro-batches
+        unaligned = {id(r): u.logp_mu for r, u in zip(records, unaligned)}
         buffer = ReplayBuffer()
         buffer.add(records)
-        shuffle = torch.Generator().manual_seed(args.seed)
-        pi, mu_trainer, mu_engine = [], [], []
+        minibatches = buffer.minibatches(args.n_step, torch.Generator().manual_seed(args.seed))
+        recompute_behavior_logprobs(policy, minibatches, micro_batch=args.micro_batch, pad_id=sampler.pad_id,
+                                    device=device, compute_dtype=dtype)
+        # the first step's forward, as rapid.train runs it
+        pi, mu_trainer, mu_engine, mu_unaligned = [], [], [], []
         t0 = time.perf_counter()
-        for minibatch in buffer.minibatches(args.n_step, shuffle):
+        for minibatch in minibatches:
             for i in range(0, len(minibatch), args.micro_batch):
                 batch = collate(minibatch[i:i + args.micro_batch], sampler.pad_id).to(device)
                 with autocast(device, dtype):
@@ -119,11 +131,13 @@ def measure(args) -> dict:
                 pi.append(token_logp.detach().float())
                 mu_trainer.append(batch.logp_mu)
                 mu_engine.append(batch.logp_engine)
+                mu_unaligned += [unaligned[id(r)] for r in minibatch[i:i + args.micro_batch]]
                 del token_logp
         fwd_s = time.perf_counter() - t0
         pi, mu_trainer, mu_engine = torch.cat(pi).double(), torch.cat(mu_trainer).double(), torch.cat(mu_engine).double()
+        mu_unaligned = torch.tensor(mu_unaligned, dtype=torch.float64)
         row = {"dtype": args.dtype, "length": L, "n": len(records), "generate_s": gen_s, "forward_s": fwd_s}
-        for mode, mu in (("sampler", mu_engine), ("recompute", mu_trainer)):
+        for mode, mu in (("sampler", mu_engine), ("recompute", mu_trainer), ("recompute_unaligned", mu_unaligned)):
             delta = pi - mu
             row[mode] = summarize(delta, delta.sum(-1), args.eta, L)
             raw[f"{L}/{mode}"] = delta.sum(-1).tolist()
@@ -133,7 +147,7 @@ def measure(args) -> dict:
             row[f"correction_{level}"] = stats
         rows.append(row)
         print(json.dumps(row), flush=True)
-    return {"rows": rows, "log_w": raw}
+        save({"rows": rows, "log_w": raw})
 
 
 def report(out: Path) -> None:
@@ -156,7 +170,7 @@ def report(out: Path) -> None:
               "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for res in results:
         for row in res["rows"]:
-            for mode in ("sampler", "recompute"):
+            for mode in MODES:
                 s = row[mode]
                 ct, cs = row["correction_token"], row["correction_sequence"]
                 corr = (f"{ct['trunc_frac']:.4f} / {ct['ratio_mean']:.3f} | {cs['trunc_frac']:.3f} / {cs['ratio_mean']:.3f}"
@@ -178,10 +192,10 @@ def report(out: Path) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4), squeeze=False)
     for ax, (res, row) in zip(axes[0], panels):
         L, eta = row["length"], res["meta"]["eta"]
-        values = [res["log_w"][f"{L}/{mode}"] for mode in ("sampler", "recompute")]
+        values = [res["log_w"][f"{L}/{mode}"] for mode in MODES]
         lo, hi = min(min(v) for v in values), max(max(v) for v in values)
         lo, hi = min(lo, -math.log(eta)) - 0.1, max(hi, math.log(eta)) + 0.1
-        for mode, v in zip(("sampler", "recompute"), values):
+        for mode, v in zip(MODES, values):
             ax.hist(v, bins=40, range=(lo, hi), alpha=0.6, label=f"log μ: {mode}")
         for x in (math.log(eta), -math.log(eta)):
             ax.axvline(x, color="k", lw=0.8, ls="--")
@@ -216,15 +230,16 @@ def main() -> None:
 
         import vllm
 
-        result = measure(args)
         git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
         argv = [a for i, a in enumerate(sys.argv[1:]) if a != "--out" and sys.argv[i] != "--out"]   # no local paths
-        result["meta"] = {"command": " ".join(["python tools/iw_bf16.py", *argv]), "date": str(date.today()),
-                          "git": git, "cpu": cpu_description(), "torch": torch.__version__, "vllm": vllm.__version__,
-                          "model": composed(args.overrides).model.name, "dtype": args.dtype,
-                          "temperature": args.temperature, "prompts": args.prompts, "n_group": args.n_group,
-                          "n_step": args.n_step, "micro_batch": args.micro_batch, "eta": args.eta, "cap": args.cap}
-        (args.out / f"{args.dtype}.json").write_text(json.dumps(result, indent=1))
+        meta = {"command": " ".join(["python tools/iw_bf16.py", *argv]), "date": str(date.today()),
+                "git": git, "cpu": cpu_description(), "torch": torch.__version__, "vllm": vllm.__version__,
+                "model": composed(args.overrides).model.name, "dtype": args.dtype,
+                "temperature": args.temperature, "prompts": args.prompts, "n_group": args.n_group,
+                "n_step": args.n_step, "micro_batch": args.micro_batch, "eta": args.eta, "cap": args.cap}
+        # written after every length, so that a long measurement keeps what it has finished
+        measure(args, lambda result: (args.out / f"{args.dtype}.json").write_text(json.dumps({"meta": meta, **result},
+                                                                                          indent=1)))
     report(args.out)
 
 
