@@ -1,12 +1,14 @@
 """Config checks that stop a run at start-up with one sentence; the resolvers `mul`, which derives
 `algorithm.n_inference = H * n_step` (one home for each number; `auto` when H is chosen each round,
 rapid/adaptive_h.py), and `div`, a // b but at least 1, so that a sweep over H can evaluate every so many
-samples (`eval.every='${div:512,${algorithm.n_inference}}'`); and the run's length in rounds and samples."""
+samples (`eval.every='${div:512,${algorithm.n_inference}}'`); the run's length in rounds and samples; and
+the resolution of `algorithm.behavior_logprobs: auto`."""
 from __future__ import annotations
 
 import functools
 import math
 import sys
+import warnings
 from typing import Callable
 
 import torch
@@ -54,8 +56,27 @@ def run_length(cfg: DictConfig, n_train: int) -> tuple[int | None, int]:
     return (None if a.H == "auto" else samples // a.n_inference), samples
 
 
-def validate(cfg: DictConfig, world: int) -> None:
+def resolve_behavior_logprobs(cfg: DictConfig) -> str:
+    """`auto` -> `sampler` when the policy computes in fp32 (engine and trainer log-probs agree to
+    ~1e-6 per token), `recompute` otherwise: in bf16 the engine/trainer gap, summed over a
+    completion, spreads the first-step importance weights far from 1 (experiments/results/iw_bf16/)."""
     a = cfg.algorithm
+    if a.behavior_logprobs == "auto":
+        return "sampler" if cfg.model.dtype == "float32" else "recompute"
+    return a.behavior_logprobs
+
+
+def validate(cfg: DictConfig, world: int) -> None:
+    """Resolve `algorithm.behavior_logprobs: auto` in place (the saved config shows the choice), then
+    check; a user-fixable problem raises ConfigError with one sentence."""
+    a = cfg.algorithm
+    if a.get("behavior_logprobs") in ("auto", "sampler", "recompute"):
+        a.behavior_logprobs = resolve_behavior_logprobs(cfg)
+        if a.behavior_logprobs == "sampler" and cfg.model.dtype != "float32":
+            warnings.warn(f"algorithm.behavior_logprobs=sampler with model.dtype={cfg.model.dtype}: the engine's and the "
+                          "trainer's log-probs differ per token, so first-step importance weights are noise, not "
+                          "staleness; algorithm.behavior_logprobs=recompute (or auto) avoids it", stacklevel=2)
+    correction = a.get("engine_correction", "none")
     auto = a.H == "auto"
     samples = cfg.get("samples")
     checks = [
@@ -80,9 +101,20 @@ def validate(cfg: DictConfig, world: int) -> None:
         (cfg.model.dtype in DTYPES, f"model.dtype={cfg.model.dtype} must be one of {', '.join(DTYPES)}"),
         (cfg.sampler.temperature > 0, f"sampler.temperature={cfg.sampler.temperature} must be > 0 for RL "
          "(log-probs are taken at the sampling temperature)"),
+        (cfg.sampler.get("top_p", 1.0) == 1.0,
+         f"sampler.top_p={cfg.sampler.get('top_p')} would make log μ the renormalised nucleus while log π_θ is the "
+         "full softmax, so the importance weights and ratios would be wrong: keep sampler.top_p=1.0 for RL "
+         "(only distillation, distill.top_p, may truncate)"),
         (a.loss in ("iw_grpg", "grpo", "dapo"), f"algorithm.loss={a.loss} must be iw_grpg, grpo, dapo or sft"),
         (a.behavior_logprobs in ("sampler", "recompute"),
-         f"algorithm.behavior_logprobs={a.behavior_logprobs} must be sampler or recompute"),
+         f"algorithm.behavior_logprobs={a.behavior_logprobs} must be auto, sampler or recompute"),
+        (correction in ("none", "token", "sequence"),
+         f"algorithm.engine_correction={correction} must be none, token or sequence"),
+        (correction == "none" or a.behavior_logprobs == "recompute",
+         f"algorithm.engine_correction={correction} corrects between the trainer's recomputed log μ and the "
+         "engine's, so it needs algorithm.behavior_logprobs=recompute"),
+        (correction == "none" or a.engine_correction_cap >= 1.0,
+         f"algorithm.engine_correction_cap={a.get('engine_correction_cap')} must be >= 1"),
         (cfg.rounds is None or cfg.rounds >= 1, f"rounds={cfg.rounds} must be at least 1 (or null: epochs)"),
         (cfg.rounds is not None or cfg.epochs > 0, "set rounds, or leave it null and set epochs > 0"),
         (cfg.device in ("auto", "cpu", "cuda"), f"device={cfg.device} must be auto, cpu or cuda"),

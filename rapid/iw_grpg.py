@@ -111,9 +111,10 @@ def iw_grpg_loss(
 
     stats (Python floats, means over this call's B, so micro-batched callers aggregate them
     by a size-weighted mean, and ``iw_max`` by max): ``clip_frac`` fraction with w > η;
-    ``staleness`` mean |log w̄|; ``iw_mean``, ``iw_max`` of the unclipped w; ``w_bar_mean``,
-    ``w_bar_sq_mean`` the first two moments of the clipped w̄ (their size-weighted means over
-    micro-batches or ranks give the whole minibatch's, hence its ESS, see ``normalized_ess``);
+    ``staleness`` mean |log w̄|; ``log_w_mean`` the signed mean of log w̄ (the paper's Table 3
+    "staleness": the clipped weight averaged in log scale); ``iw_mean``, ``iw_max`` of the unclipped w;
+    ``w_bar_mean``, ``w_bar_sq_mean`` the first two moments of the clipped w̄ (their size-weighted means
+    over micro-batches or ranks give the whole minibatch's, hence its ESS, see ``normalized_ess``);
     ``adv_mean``, ``adv_abs_mean`` of A; ``clipped_mass`` (module docstring; a ratio over this call's
     records, so a micro-batched minibatch reports the size-weighted mean of its micro-batches' ratios).
     Weights use log-ratios clamped at ``LOG_RATIO_MAX``.
@@ -141,11 +142,11 @@ def iw_grpg_loss(
     removed = ((w - w_bar) * adv.abs()).sum()  # Σ (w − w̄)|A|
     clipped_mass = torch.where(mass > 0, removed / mass.clamp(min=torch.finfo(dtype).tiny), 0.0)
     values = torch.stack(
-        [clipped.mean(), log_w_bar.abs().mean(), w.mean(), w.max(), w_bar.mean(), w_bar.square().mean(),
-         adv.mean(), adv.abs().mean(), clipped_mass]
+        [clipped.mean(), log_w_bar.abs().mean(), log_w_bar.mean(), w.mean(), w.max(), w_bar.mean(),
+         w_bar.square().mean(), adv.mean(), adv.abs().mean(), clipped_mass]
     ).tolist()  # one device sync
-    names = ("clip_frac", "staleness", "iw_mean", "iw_max", "w_bar_mean", "w_bar_sq_mean", "adv_mean", "adv_abs_mean",
-             "clipped_mass")
+    names = ("clip_frac", "staleness", "log_w_mean", "iw_mean", "iw_max", "w_bar_mean", "w_bar_sq_mean", "adv_mean",
+             "adv_abs_mean", "clipped_mass")
     return loss, dict(zip(names, values))
 
 

@@ -4,13 +4,15 @@ Keys are namespaced (`train/`, `iw/`, `eval/`, `time/`, `sampler/`) with units i
 With `logger.rollouts=true` every round's samples go to <run_dir>/rollouts.jsonl as well
 (prompt index, completion token ids and text, reward), and for the round's first group the per-token
 log μ (`logp_mu`) and log π_θ after the round's updates (`logp_pi`); every evaluation's per-problem
-greedy verdicts go to <run_dir>/eval_outcomes.jsonl. Only rank 0 writes. On resume, rows after
+greedy verdicts go to <run_dir>/eval_outcomes.jsonl. Only rank 0 writes. The W&B run id is kept in
+<run_dir>/wandb_id, so that a resumed run logs into the same W&B run. On resume, rows after
 the checkpoint's round are dropped first, so the files read as if the run had never stopped.
 """
 from __future__ import annotations
 
 import json
 import subprocess
+import uuid
 from pathlib import Path
 
 
@@ -38,8 +40,12 @@ class MetricsLogger:
         if wandb_cfg and wandb_cfg.get("enabled"):
             import wandb  # optional dependency (`pip install rapid[wandb]`); WANDB_MODE=offline works
 
+            # the run's W&B id lives in the run directory, so that a resumed run continues the same W&B run
+            id_file = Path(run_dir) / "wandb_id"
+            if not id_file.exists():
+                id_file.write_text(uuid.uuid4().hex[:12] + "\n")
             self.wandb = wandb.init(project=wandb_cfg.get("project"), name=wandb_cfg.get("name"),
-                                    dir=str(run_dir), config=config, resume="allow")
+                                    dir=str(run_dir), config=config, id=id_file.read_text().strip(), resume="allow")
 
     def rows(self) -> list[dict]:
         if not self.path.exists():

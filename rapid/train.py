@@ -49,6 +49,7 @@ from rapid.distributed import all_reduce_max, all_reduce_sum, print0
 from rapid.evaluate import evaluate
 from rapid.iw_grpg import iw_grpg_loss, masked_mean, normalized_ess, sequence_logprobs
 from rapid.losses import dapo_loss, group_normalized_advantages, grpo_loss, overlong_penalty
+from rapid.mismatch import scale_gradient, truncated_is_factors
 from rapid.logger import MetricsLogger, git_commit
 from rapid.models import load_model_and_tokenizer
 from rapid.policy import (CompletionLogprobs, accumulate_gradients, autocast, completion_logprobs,
@@ -62,8 +63,9 @@ from rapid.tasks import load_splits
 
 SAMPLE_STREAM, BUFFER_STREAM = 0, 1    # tags that keep derived seed streams apart
 PHASES = ("generate", "reward", "recompute", "train", "sync")   # a round's timed phases (+ other)
-STAT_NAMES = {"clip_frac": "iw/clip_frac", "staleness": "iw/staleness", "iw_mean": "iw/mean", "loss": "train/loss",
-              "clipped_mass": "iw/clipped_mass"}
+STAT_NAMES = {"clip_frac": "iw/clip_frac", "staleness": "iw/staleness", "log_w_mean": "iw/log_w_mean",
+              "iw_mean": "iw/mean", "loss": "train/loss", "clipped_mass": "iw/clipped_mass",
+              "correction_ratio_mean": "sampler/correction_ratio_mean", "correction_trunc_frac": "sampler/correction_trunc_frac"}
 
 register_resolvers()
 
@@ -165,6 +167,11 @@ def train(cfg: DictConfig) -> dict:
 
     def loss_fn(token_logp, batch, n_records, n_tokens):
         mask = batch.completion_mask
+        correction = {}
+        if a.get("engine_correction", "none") != "none":   # μ_engine vs the trainer's μ: rapid/mismatch.py
+            factors, correction = truncated_is_factors(batch.logp_mu, batch.logp_engine, mask, a.engine_correction,
+                                                       a.engine_correction_cap)
+            token_logp = scale_gradient(token_logp, factors)   # same values; each token's gradient times its factor
         if a.loss == "iw_grpg":        # RAPID / PG: sequence-level IW-GRPG (Eq. 3-5)
             loss, stats = iw_grpg_loss(sequence_logprobs(token_logp, mask), sequence_logprobs(batch.logp_mu, mask),
                                        batch.rewards, batch.group_ids, eta=a.eta, leave_one_out=a.leave_one_out,
@@ -184,7 +191,7 @@ def train(cfg: DictConfig) -> dict:
                                         clip_high=a.clip_high, normalizer=n_tokens)
         # |log π_θ − log μ| per token; on a round's first step θ = μ, so this is sampler/trainer mismatch
         stats["token_logp_gap"] = masked_mean((token_logp.detach() - batch.logp_mu).abs(), mask).item()
-        return loss, stats
+        return loss, stats | {f"correction_{k}": v for k, v in correction.items()}
 
     def sample_and_score(round_: int, positions: list[int], indices: list[int], clock: PhaseClock) -> tuple[list[Rollout], int]:
         """n_group completions per prompt with μ = π_θ, seeds from (round, prompt, sample), scored
@@ -251,21 +258,22 @@ def train(cfg: DictConfig) -> dict:
                 extra, d = keep_informative_groups(extra)
                 rollouts, failed, dropped = rollouts + extra, failed + f, dropped + d
             rollouts = trim_to_minibatches(rollouts, a.n_step // world, len(positions) * a.n_group, device)
+        # 4. Z_t, served as group-aligned minibatches (n_step records over all ranks), once per pass
+        buffer.clear()
+        buffer.add(rollouts)
+        shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, BUFFER_STREAM, round_))
+        passes = [buffer.minibatches(a.n_step // world, shuffle) for _ in range(a.get("num_iterations", 1))]
         mismatch = None
-        if a.behavior_logprobs == "recompute":   # exact log μ: one trainer forward pass, θ = μ here
+        if a.behavior_logprobs == "recompute":   # exact log μ: the trainer's forward at θ = μ, in the first pass's micro-batches
             with clock.phase("recompute"):
-                mismatch = recompute_behavior_logprobs(policy, rollouts, micro_batch=cfg.train.micro_batch,
+                mismatch = recompute_behavior_logprobs(policy, passes[0], micro_batch=cfg.train.micro_batch,
                                                        pad_id=sampler.pad_id, device=device, compute_dtype=compute_dtype)
         with clock.phase("sync"):
             sampler.sleep()
-        # 4. Z_t
-        buffer.clear()
-        buffer.add(rollouts)
-        # 5. H gradient steps on group-aligned minibatches (n_step records over all ranks)
-        shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, BUFFER_STREAM, round_))
+        # 5. H gradient steps
         steps, ess = [], []
         with clock.phase("train"):
-            for minibatch in [mb for _ in range(a.get("num_iterations", 1)) for mb in buffer.minibatches(a.n_step // world, shuffle)]:
+            for minibatch in [mb for minibatches in passes for mb in minibatches]:
                 stats = accumulate_gradients(policy, minibatch, loss_fn, micro_batch=cfg.train.micro_batch,
                                              pad_id=sampler.pad_id, device=device, compute_dtype=compute_dtype)
                 if "w_bar_mean" in stats:    # IW-GRPG: the minibatch's ESS, over all ranks
@@ -346,6 +354,8 @@ def train(cfg: DictConfig) -> dict:
                "time/total_s": time.perf_counter() - t_start,
                "time/rounds_s_total": sum(r["time/round_s"] for r in train_rows),
                **{f"time/{p}_s_total": sum(r[f"time/{p}_s"] for r in train_rows) for p in (*PHASES, "other")},
+               **{f"{k}_avg": sum(r[k] for r in train_rows) / len(train_rows)   # over all steps (paper Table 3)
+                  for k in ("iw/staleness", "iw/log_w_mean") if train_rows and k in train_rows[0]},
                **{f"{k}_max": max(r[k] for r in train_rows if k in r)
                   for k in sorted({k for r in train_rows for k in r if k.startswith("mem/") and k != "mem/peak_is_process"})}}
     if distributed.is_main():

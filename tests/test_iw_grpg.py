@@ -126,7 +126,7 @@ def test_on_policy_equals_plain_grpg():
     (grad,) = torch.autograd.grad(loss, logp)
     eq2 = np_advantages(rewards.numpy(), ids.numpy())  # w = 1: Eq. 4 is Eq. 2
     torch.testing.assert_close(grad.double(), torch.from_numpy(-eq2 / len(logp)), **F32)
-    assert stats["clip_frac"] == 0.0 and stats["staleness"] == 0.0
+    assert stats["clip_frac"] == 0.0 and stats["staleness"] == 0.0 and stats["log_w_mean"] == 0.0
     assert stats["iw_mean"] == 1.0 and stats["iw_max"] == 1.0
 
 
@@ -143,6 +143,8 @@ def test_surrogate_gradient_is_eq3(normalizer: float | None, leave_one_out: bool
     w_bar = np.minimum(w, eta)
     assert 0 < (w > eta).sum() < len(w)  # clipping really happens, but not everywhere
     assert stats["clip_frac"] == pytest.approx((w > eta).mean(), abs=1e-12)
+    assert stats["log_w_mean"] == pytest.approx(np.log(w_bar).mean(), abs=1e-12)
+    assert stats["staleness"] == pytest.approx(np.abs(np.log(w_bar)).mean(), abs=1e-12)
     adv = np_advantages(rewards.numpy(), ids.numpy(), w_bar, leave_one_out)
     b = len(w) if normalizer is None else normalizer
     torch.testing.assert_close(grad, torch.from_numpy(-w_bar * adv / b), **F64)
@@ -160,6 +162,8 @@ def test_stats_by_hand():
     # baseline Σ w̄R / 4 = (2 + 1)/4 = 0.75 -> A = 0.25, -0.75, 0.25, -0.75
     assert s["clip_frac"] == pytest.approx(0.25, abs=1e-12)
     assert s["staleness"] == pytest.approx((2 * math.log(2) + math.log(1.5)) / 4, abs=1e-12)
+    # signed: (ln 2 − ln 2 + 0 + ln 1.5) / 4 = ln 1.5 / 4
+    assert s["log_w_mean"] == pytest.approx(math.log(1.5) / 4, abs=1e-12)
     assert s["iw_mean"] == pytest.approx((4 + 0.5 + 1 + 1.5) / 4, abs=1e-12)
     assert s["iw_max"] == pytest.approx(4.0, abs=1e-12)
     assert s["adv_mean"] == pytest.approx(-0.25, abs=1e-12)
@@ -175,6 +179,8 @@ def test_stats_by_hand():
     # A = -0.25, -1.25, -0.25, -1.25 -> mean -0.75, |A| mean 0.75
     assert s["clip_frac"] == 0.0
     assert s["staleness"] == pytest.approx((3 * math.log(2) + math.log(1.5)) / 4, abs=1e-12)
+    # signed: (ln 4 − ln 2 + 0 + ln 1.5) / 4 = (ln 2 + ln 1.5) / 4
+    assert s["log_w_mean"] == pytest.approx((math.log(2) + math.log(1.5)) / 4, abs=1e-12)
     assert s["adv_mean"] == pytest.approx(-0.75, abs=1e-12)
     assert s["adv_abs_mean"] == pytest.approx(0.75, abs=1e-12)
     # unclipped: Σ w = 7, Σ w² = 16 + 0.25 + 1 + 2.25 = 19.5 -> ESS/B = 49 / 78

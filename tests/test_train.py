@@ -41,14 +41,14 @@ runpy.run_module("rapid.train", run_name="__main__", alter_sys=True)
 
 TRAIN_KEYS = ("round", "samples", "epoch", "train/reward_mean", "train/accuracy", "train/completion_len",
               "train/truncated_frac", "train/loss", "train/grad_norm", "train/lr", "iw/clip_frac",
-              "iw/staleness", "iw/mean", "iw/max", "time/generate_s", "time/reward_s", "time/train_s",
+              "iw/staleness", "iw/log_w_mean", "iw/mean", "iw/max", "time/generate_s", "time/reward_s", "time/train_s",
               "time/sync_s", "time/recompute_s", "time/other_s", "time/round_s", "sampler/tokens_per_s", "wall_s",
               "mem/generate_rss_mib", "mem/reward_rss_mib", "mem/train_rss_mib", "mem/sync_rss_mib")
 EVAL_KEYS = ("round", "eval/accuracy", "eval/reward_mean", "eval/completion_len", "eval/n", "time/eval_s")
 SUMMARY_KEYS = ("eval/accuracy_before", "eval/accuracy_after", "rounds", "samples", "sampler", "algorithm",
                 "time/total_s", "time/generate_s_total", "time/reward_s_total", "time/train_s_total",
                 "time/sync_s_total", "time/recompute_s_total", "time/other_s_total", "time/rounds_s_total",
-                "mem/train_rss_mib_max")
+                "mem/train_rss_mib_max", "iw/staleness_avg", "iw/log_w_mean_avg")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -187,6 +187,7 @@ def test_smoke_run_writes_config_metrics_summary(tmp_path):
         assert r["iw/mean"] == pytest.approx(1.0, abs=1e-4)
         assert 1.0 <= r["iw/max"] < 1.0 + 1e-4
         assert 0.0 <= r["iw/staleness"] < 1e-4 and r["iw/clip_frac"] == 0.0
+        assert abs(r["iw/log_w_mean"]) <= r["iw/staleness"] + 1e-12
     assert [r["wall_s"] for r in trains] == sorted(r["wall_s"] for r in trains)
     for r in evals:
         assert set(EVAL_KEYS) <= set(r) and r["eval/n"] == 16 and 0.0 <= r["eval/accuracy"] <= 1.0
@@ -207,6 +208,7 @@ def test_smoke_run_writes_config_metrics_summary(tmp_path):
     assert summary["time/total_s"] >= trains[-1]["wall_s"]
     assert summary["time/rounds_s_total"] == pytest.approx(sum(r["time/round_s"] for r in trains))
     assert summary["mem/train_rss_mib_max"] == max(r["mem/train_rss_mib"] for r in trains)
+    assert summary["iw/log_w_mean_avg"] == pytest.approx(sum(r["iw/log_w_mean"] for r in trains) / 3, abs=1e-12)
 
     # logger.rollouts: every round's 16 samples, in the order trained, with their prompt's training index
     samples = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
@@ -376,7 +378,9 @@ def test_auto_h_under_ddp(tmp_path):
 def test_invalid_config_one_sentence(tmp_path):
     cases = {"n_step": (["algorithm.n_step=6", "algorithm.n_group=4"], ("n_step=6", "n_group=4")),
              "n_inference": (["algorithm.n_inference=100"], ("n_inference=100", "H * n_step")),
-             "cuda": (["device=cuda"], ("device=cuda", "GPU"))}
+             "cuda": (["device=cuda"], ("device=cuda", "GPU")),
+             "top_p": (["sampler.top_p=0.9"], ("sampler.top_p=0.9", "top_p=1.0")),
+             "correction": (["algorithm.engine_correction=token"], ("engine_correction=token", "recompute"))}
     if torch.cuda.is_available():
         del cases["cuda"]
     results = launch_all({name: ["+experiment=smoke", *overrides, f"hydra.run.dir={tmp_path / name}"]
@@ -485,6 +489,22 @@ def test_baselines_run_in_the_same_loop(tmp_path, algorithm, keys):
     if algorithm == "grpo":                                 # the policy moves away from the reference
         assert rows[-1]["loss/kl_mean"] > 0
     assert sum(r["train/reward_mean"] for r in rows[-2:]) / 2 > rows[0]["train/reward_mean"]
+
+
+@pytest.mark.slow
+def test_bf16_recomputes_log_mu_and_corrects_for_the_engine(tmp_path):
+    """model.dtype=bfloat16 resolves behavior_logprobs=auto to recompute (the saved config says so),
+    so the first step's weights are exactly 1; engine_correction logs its statistics."""
+    run = tmp_path / "run"
+    launch(["+experiment=smoke", "model.dtype=bfloat16", "algorithm.H=1", "algorithm.engine_correction=sequence",
+            "rounds=2", "eval.every=0", "ckpt.every=0", f"hydra.run.dir={run}"], tmp_path, shaped=True)
+    assert yaml.safe_load((run / "config.yaml").read_text())["algorithm"]["behavior_logprobs"] == "recompute"
+    rows = train_rows(read_rows(run))
+    for r in rows:
+        assert r["time/recompute_s"] > 0 and r["train/grad_norm"] > 0
+        assert r["iw/staleness"] < 1e-3 and abs(r["iw/log_w_mean"]) < 1e-3    # recomputed: w = 1 at θ = μ
+        assert r["sampler/logprob_mismatch"] > 0                             # the bf16 sampler/trainer gap
+        assert 0.5 < r["sampler/correction_ratio_mean"] < 2 and 0 <= r["sampler/correction_trunc_frac"] <= 1
 
 
 def test_lr_schedule_spans_every_pass(tmp_path):
