@@ -20,6 +20,8 @@ from multiprocessing.connection import wait
 from types import ModuleType
 from typing import Callable
 
+from rapid.config import ConfigError
+
 
 def score(task: ModuleType | Callable, completions: list[str], records: list[dict], workers: int = 0,
           timeout: float = 60.0) -> tuple[list[float], int]:
@@ -137,3 +139,30 @@ def close_pools() -> None:
     for pool in _POOLS.values():
         pool.close()
     _POOLS.clear()
+
+
+class RewardSelfTestError(ConfigError):
+    """The task's reward failed its start-up self-test (see `self_test`)."""
+
+
+def self_test(task: ModuleType, records: list[dict], n: int, workers: int = 0, timeout: float = 60.0) -> str:
+    """Grade, before training, the reference completions of the first `n` records: each must score 1
+    and its corrupted twin 0 (the task's `reference(record) -> (right, wrong)`). A grader broken by the
+    environment (a missing package, a sandbox that cannot start, a parser that changed) then stops the
+    run at once instead of scoring every sample 0. Returns a one-line summary; raises
+    RewardSelfTestError naming the first failing example."""
+    reference = getattr(task, "reference", None)
+    if reference is None or n <= 0 or not records:
+        return f"reward self-test skipped ({'off' if n <= 0 else 'the task has no reference answers'})"
+    chosen = records[:n]
+    pairs = [reference(r) for r in chosen]
+    rewards, _ = score(task, [c for pair in pairs for c in pair], [r for r in chosen for _ in range(2)],
+                       workers=workers, timeout=timeout)
+    for i, record in enumerate(chosen):
+        right, wrong = rewards[2 * i], rewards[2 * i + 1]
+        if right != 1.0 or wrong != 0.0:
+            what = f"its reference answer scored {right}" if right != 1.0 else f"a wrong answer scored {wrong}"
+            example = str(record.get("question") or record.get("problem") or record.get("task_id") or record)[:80]
+            raise RewardSelfTestError(f"the reward self-test failed on training example {i} ('{example}'): {what}; "
+                                      "check the task's grader and its dependencies, or set reward.self_test=0")
+    return f"reward self-test passed: {len(chosen)} reference answers scored 1, their corrupted twins 0"

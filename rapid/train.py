@@ -55,7 +55,7 @@ from rapid.models import load_model_and_tokenizer
 from rapid.policy import (CompletionLogprobs, accumulate_gradients, autocast, completion_logprobs,
                           recompute_behavior_logprobs, token_logprobs)
 from rapid.profiling import PhaseClock, cpu_description
-from rapid.rewards import score
+from rapid.rewards import score, self_test
 from rapid.sampler import make_sampler
 from rapid.sft import distill_and_sft
 from rapid.seeding import derive_seed
@@ -226,6 +226,7 @@ def train(cfg: DictConfig) -> dict:
         print0(f"eval @ round {round_}: accuracy {row['eval/accuracy']:.3f} on {row['eval/n']} problems")
         return row
 
+    print0(self_test(task, train_records, cfg.reward.self_test, workers=cfg.reward.workers, timeout=cfg.reward.timeout_s))
     t_start = time.perf_counter() - elapsed0
     if start_round == 0:
         run_eval(0)

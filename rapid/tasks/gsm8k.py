@@ -53,3 +53,9 @@ def reward(completion: str, record: dict) -> float:
     """1.0 if the extracted answer equals the reference final answer, else 0.0."""
     got, want = extract_answer(completion), parse_number(record["final_answer"])
     return float(got is not None and want is not None and got == want)
+
+
+def reference(record: dict) -> tuple[str, str]:
+    """(the reference answer boxed, which must score 1; a different number boxed, which must score 0)."""
+    wrong = parse_number(record["final_answer"]) + 1 if parse_number(record["final_answer"]) is not None else 1
+    return f"The answer is \\boxed{{{record['final_answer']}}}.", f"The answer is \\boxed{{{wrong}}}."
