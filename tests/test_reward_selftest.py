@@ -61,3 +61,16 @@ def test_a_run_with_a_broken_grader_stops_with_one_sentence(tmp_path):
                   tmp_path, check=False, PYTHONPATH=f"{tmp_path}:{REPO}")
     assert_one_sentence_error(proc.returncode, proc.stdout, ("self-test", "example 0", "scored 0.0"))
     assert not (tmp_path / "run" / "metrics.jsonl").exists()      # stopped before the first evaluation
+
+
+DATA = REPO.parent / "shared" / "data"      # ../shared/data beside the checkout
+
+
+@pytest.mark.parametrize("name, path", [("math", "math/train_12k.jsonl"), ("gsm8k", "gsm8k/train.jsonl")])
+def test_real_datasets_pass_with_their_references(name, path):
+    if not (DATA / path).exists():
+        pytest.skip(f"benchmark data not found at {DATA / path} (the ../shared/data folder beside the checkout)")
+    from rapid.tasks import get_task
+    task = get_task(name)
+    records = task.load("train", data_path=str(DATA / path))
+    assert self_test(task, records, 4).startswith("reward self-test passed: 4")
