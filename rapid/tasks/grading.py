@@ -18,6 +18,11 @@ from fractions import Fraction
 from rapid.config import ConfigError
 
 
+class GradingError(RuntimeError):
+    """The checker could not reach a verdict (it ran out of time, or its sandbox did not start): the
+    completion scores 0 and `rapid.rewards.score` counts it in train/reward_failures."""
+
+
 def last_boxed(text: str) -> str | None:
     """Content of the last \\boxed{...} (or \\fbox{...}) in `text`, braces balanced; None if absent."""
     start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
