@@ -13,8 +13,8 @@ no box, no credit. It is equal to the reference answer when
    and spaces removed), or
 2. both are plain numbers (integers, decimals, fractions) with the same exact value, or
 3. math-verify (sympy) proves them equal: surds, tuples, intervals with their brackets,
-   expressions. This check runs in a separate process and counts as unequal after
-   `grading.timeout_s` seconds (`rapid.tasks.grading.SymbolicChecker`).
+   expressions. This check runs in a separate process; after `grading.timeout_s` seconds it
+   raises `GradingError` (scored 0 and counted in train/reward_failures by `rapid.rewards.score`).
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def normalize(answer: str) -> str:
     s = re.sub(r"\\[dt]frac", r"\\frac", s)
     s = re.sub(r"\\(left|right)(?![a-zA-Z])", "", s).replace("\\displaystyle", "")
     s = re.sub(r"(?<!\\)\\(,|;|:| |quad|qquad)(?![a-zA-Z])", " ", s)  # spacing commands
-    s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", "", s).replace("\\circ", "")      # degrees
+    s = re.sub(r"\^(?:\s*\{)?\s*\\circ\s*\}?", "", s).replace("\\circ", "")  # degrees (linear: one \s* run)
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
     s = re.sub(r"(\\(?:text|mbox|mathrm)\{\s[^{}]*\}\s*)+$", "", s)           # units: \text{ cm} at the end
     s = re.sub(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}", r"\1", s)       # other \text{...} wrappers
