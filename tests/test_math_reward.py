@@ -119,12 +119,15 @@ def wait_gone(pid: int, seconds: float = 10.0) -> bool:
 
 
 def test_symbolic_checker_dies_with_its_parent():
-    """A grading process killed outright (SIGKILL, no clean-up) does not leave sympy running."""
-    parent = subprocess.Popen([sys.executable, "-c", "import time\nfrom rapid.tasks.grading import SYMBOLIC\n"
+    """A grading process killed outright (SIGKILL, no clean-up) while sympy computes (holding the
+    GIL, deaf to its closed stdin) does not leave it running."""
+    parent = subprocess.Popen([sys.executable, "-c", "from rapid.tasks.grading import SYMBOLIC\n"
                                "SYMBOLIC.equal('1', '1', 120)\nprint(SYMBOLIC._proc.pid, flush=True)\n"
-                               "time.sleep(600)"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+                               "SYMBOLIC.equal('1', '9^{9^{9^{9}}}', 600)"],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         server = int(parent.stdout.readline())
+        time.sleep(1.0)                                    # the huge power is being computed now
         assert alive(server)
     finally:
         parent.kill()
