@@ -94,6 +94,7 @@ def test_deserialize_restores_types():
     assert task.deserialize(580, [[4, [7, [2]]]]) == [(4, (7, (2,)))]
     assert task.deserialize(75, [[[6, 24]], 6]) == [[(6, 24)], 6]
     assert task.deserialize(11, [[1, 2]]) == [[1, 2]]
+    assert task.deserialize(115, [[[1], []]]) == [[{1}, {}]]          # as EvalPlus: an empty list becomes {}
 
 
 @pytest.mark.parametrize("out, exp, args, entry, atol, ok", [
@@ -176,6 +177,15 @@ def toy_reward(code):
 def test_toy_task_honest_solution_scores(bwrap):
     assert toy_reward("def add(a, b):\n    return a + b") == 1.0
     assert toy_reward("def add(a, b):\n    return a - b") == 0.0
+
+
+def test_time_limit_is_per_test(bwrap):
+    # 4 tests of 1.2 s each: 4.8 s in all, each under its 2 s limit (EvalPlus times each test, not the run)
+    slow = "import time\ndef add(a, b):\n    time.sleep(1.2)\n    return a + b"
+    assert toy_reward(slow) == 1.0
+    start = time.monotonic()
+    assert toy_reward("import time\ndef add(a, b):\n    time.sleep(3 if a == 3 else 0)\n    return a + b") == 0.0
+    assert time.monotonic() - start < 2.0 + sandbox.GRACE_S                # stopped at the slow test
 
 
 @pytest.mark.parametrize("name, code", [

@@ -230,8 +230,8 @@ def deserialize(n: int, args: list) -> list:
         return [{k: tuple(v) for k, v in args[0].items()}, *args[1:]]
     if n in {580, 615, 791}:
         return [_tuples(a) for a in args]
-    if n == 115:
-        return [[set(v) for v in args[0]], *args[1:]]
+    if n == 115:                                                   # an empty list becomes {} (sic)
+        return [[set(v) if isinstance(v, list) and v else {} for v in args[0]], *args[1:]]
     if n == 124:
         return [float(args[0]), complex(args[1])]
     if n == 252:
