@@ -23,7 +23,7 @@ import re
 
 from rapid.config import ConfigError
 from rapid.tasks import encode_prompts
-from rapid.tasks.datasets import load_split
+from rapid.tasks.datasets import load_split, require_fields
 from rapid.tasks.grading import SYMBOLIC, last_boxed, parse_number
 
 FILES = {"train": "math/train_12k.jsonl", "test": "math500/test.jsonl"}
@@ -37,10 +37,13 @@ def load(split: str, data_path: str | None = None, grading_timeout_s: float = 5.
     if importlib.util.find_spec("math_verify") is None:
         raise ConfigError("grading MATH needs math-verify: pip install math-verify")
     records = []
-    for r in load_split("math", split, FILES, HUB, data_path):
+    loaded = load_split("math", split, FILES, HUB, data_path)
+    require_fields(loaded, ("problem",), "math")
+    for r in loaded:
         answer = r.get("answer")
         if answer is None:                                   # sources without the field: derive it
-            answer = last_boxed(r.get("solution", "")) or ""
+            answer = last_boxed(str(r.get("solution", ""))) or ""
+        answer = answer if isinstance(answer, str) else str(answer)
         records.append({**r, "answer": answer, "grading": {"timeout_s": grading_timeout_s}})
     kept = [r for r in records if r["answer"].strip()]
     DROPPED[split] = len(records) - len(kept)
