@@ -47,9 +47,13 @@ def fenced(code):
 # --- pure parts ------------------------------------------------------------------------------------------
 def test_tagged_json_round_trip_and_refusals():
     value = [(1, "a"), {2, 3}, frozenset({4}), 1.5, float("inf"), -float("inf"), 2 + 3j, None, True, b"\x00",
-             {(1, 2): [3], "k": {5: 6}}, 10 ** 30]
+             {(1, 2): [3], "k": {5: 6}}, 10 ** 30, 10 ** 5000, -(3 ** 20000), np.int64(-7), np.float32(0.5),
+             np.array([[1.5, 2.0]]), np.array(["a", "bc"]), np.bool_(False)]
     wire = json.loads(json.dumps(sandbox.encode(value)))
-    assert sandbox.decode(wire) == value
+    back = sandbox.decode(wire)
+    assert back[:-3] == value[:-3] and back[-1] == value[-1] and [type(v) for v in back] == [type(v) for v in value]
+    assert back[-4].dtype == np.float32                                      # numpy types survive
+    assert [np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(back[-3:-1], value[-3:-1])] == [True, True]
     assert math.isnan(sandbox.decode(sandbox.encode(float("nan"))))
     Point = collections.namedtuple("Point", "x y")
     assert sandbox.decode(sandbox.encode(collections.Counter("aab"))) == {"a": 2, "b": 1}

@@ -29,8 +29,8 @@ package or `bwrap` on PATH):
 The parent reads results from a pipe with every read bounded in bytes (`line_bytes` per input,
 `results_mb` in all) and time, and kills the sandbox when done; nothing of the sandbox is on the
 host's filesystem, so there is nothing to clean up there. Results are tagged JSON lines
-(`encode`/`decode`: tuples, sets, complex, nan/inf, bytes, non-string dict keys, numpy scalars and
-arrays): only data made of exact built-in (or numpy) types crosses, never behaviour such as a
+(`encode`/`decode`: tuples, sets, complex, nan/inf, bytes, non-string dict keys, huge integers,
+numpy scalars and arrays): only data made of exact built-in (or numpy) types crosses, never behaviour such as a
 rigged `__eq__`.
 
 `sandbox="process"` runs the same driver with the same limits but without namespaces, mount or
@@ -92,6 +92,8 @@ def encode(x, depth=0):
     if depth > 200:
         raise TypeError("value nested too deeply")
     t = type(x)
+    if t is int and x.bit_length() > 12000:                # past ~3,600 digits: hex (decimal is quadratic,
+        return {"int": hex(x)}                             # and refused by Python beyond 4,300 digits)
     if x is None or t is bool or t is int or t is str:
         return x
     if t is float:
@@ -140,6 +142,8 @@ def decode(x):
                 return complex(re_, im)
         if tag == "bytes" and type(v) is str:
             return bytes.fromhex(v)
+        if tag == "int" and type(v) is str and v.lstrip("-").startswith("0x"):
+            return int(v, 16)
         if tag in ("ndarray", "npscalar") and type(v) is list:
             return _decode_numpy(tag, v)
     raise ValueError(f"not a tagged value: {str(x)[:80]}")
