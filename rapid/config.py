@@ -39,7 +39,7 @@ NUMBERS = [
     ("seed", int, None, False, None), ("rounds", int, 1, False, "epochs decide"), ("epochs", float, 0, True, None),
     ("algorithm.H", int, 1, False, None), ("algorithm.n_step", int, 1, False, None),
     ("algorithm.n_group", int, 1, False, None), ("algorithm.n_inference", int, 1, False, None),
-    ("algorithm.eta", float, 1, False, "no truncation"), ("sampler.temperature", float, 0, True, None),
+    ("algorithm.eta", float, 1, False, "no truncation"), ("sampler.temperature", float, None, False, None),
     ("optim.lr", float, 0, True, None), ("optim.weight_decay", float, 0, False, None),
     ("optim.grad_clip", float, 0, True, None), ("optim.warmup_steps", int, 0, False, None),
     ("reward.workers", int, 0, False, None), ("reward.timeout_s", float, 0, True, None),
