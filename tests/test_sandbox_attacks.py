@@ -66,14 +66,15 @@ def test_canary_files_are_out_of_sight(tmp_path):
         c.write_text(secret)
     try:
         writable = [str(c) for c in canaries] + [str(p) for p in cache_files]     # the test's own files only
-        readable = writable + [str(Path.home() / ".bashrc"), "/etc/passwd"]
+        data = Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp_plus" / "test.jsonl"   # the benchmark
+        readable = writable + [str(Path.home() / ".bashrc"), "/etc/passwd", str(data)]
         before = {p: Path(p).read_bytes() for p in writable}
         code = hostile(f"""
 worked = False
 for p in {readable!r}:
     try:
         with open(p) as f:
-            worked |= {secret!r} in f.read() or p.endswith((".bashrc", "passwd"))
+            worked |= {secret!r} in f.read() or p.endswith((".bashrc", "passwd", "test.jsonl"))
     except OSError:
         pass
 for p in {writable!r}:
