@@ -178,6 +178,17 @@ def toy_reward(code):
     return task.reward(fenced(code), TOY)
 
 
+def test_a_broken_reference_fails_fast_every_time(bwrap):
+    broken = {**TOY, "task_id": "Mbpp/9998", "canonical_solution": "def add(a, b):\n    raise ValueError"}
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="reference solution of Mbpp/9998 .*raised ValueError.*task.exclude"):
+            task.reward(fenced("def add(a, b):\n    return a + b"), broken)
+    start = time.monotonic()
+    with pytest.raises(ConfigError):                                        # remembered: not run again
+        task.reward("x", broken)
+    assert time.monotonic() - start < 0.05
+
+
 def test_toy_task_honest_solution_scores(bwrap):
     assert toy_reward("def add(a, b):\n    return a + b") == 1.0
     assert toy_reward("def add(a, b):\n    return a - b") == 0.0

@@ -160,7 +160,7 @@ class Reference:
         self.line_bytes = tuple(4 * len(json.dumps(v)) + (1 << 20) for v in encoded)
 
 
-_REFERENCES: dict[str, Reference] = {}
+_REFERENCES: dict[str, Reference | ConfigError] = {}     # by cache file; a failed reference is kept as its error
 
 
 def reference(record: dict, inputs: list[list] | None = None, sandbox: str = "bwrap",
@@ -171,6 +171,8 @@ def reference(record: dict, inputs: list[list] | None = None, sandbox: str = "bw
                                      record["entry_point"], encode(inputs)]).encode()).hexdigest()[:16]
     path = cache_dir() / f"{record['task_id'].replace('/', '_')}-{key}.json"
     if str(path) in _REFERENCES:
+        if isinstance(_REFERENCES[str(path)], Exception):   # failed before: do not rerun it for every completion
+            raise _REFERENCES[str(path)]
         return _REFERENCES[str(path)]
     try:
         cached = json.loads(path.read_text())
@@ -183,9 +185,10 @@ def reference(record: dict, inputs: list[list] | None = None, sandbox: str = "bw
         if run.status == "sandbox_error":
             raise GradingError(f"the {sandbox} sandbox did not start: {run.log.strip()[-300:]}")
         if run.status != "ok":
-            raise ConfigError(f"the reference solution of {record['task_id']} cannot run within the sandbox limits "
-                              f"({run.status}{', raised ' + run.outputs[-1][1] if run.status == 'raised' else ''}): "
-                              "add it to task.exclude")
+            _REFERENCES[str(path)] = ConfigError(
+                f"the reference solution of {record['task_id']} cannot run within the sandbox limits ({run.status}"
+                f"{', raised ' + run.outputs[-1][1] if run.status == 'raised' else ''}): add it to task.exclude")
+            raise _REFERENCES[str(path)]
         encoded = [encode(v) for _, v in run.outputs]
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:   # atomic: pools race here
