@@ -23,6 +23,7 @@ import csv
 import json
 import platform
 import random
+import subprocess
 import sys
 import time
 import types
@@ -30,9 +31,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SLOW_REFERENCE_S = 5.0     # tasks whose reference takes longer in all are reported apart (timing-bound)
-sys.path.insert(0, str(REPO))
-
-from rapid.tasks import mbpp_plus  # noqa: E402
 
 SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Add, ast.FloorDiv: ast.Mult, ast.Div: ast.Mult,
         ast.Mod: ast.FloorDiv}
@@ -144,21 +142,40 @@ class EvalPlusJudge:
 
 
 def rapid_verdict(record: dict, code: str) -> bool:
+    sys.path.insert(0, str(REPO))
+    from rapid.tasks import mbpp_plus
     return mbpp_plus.reward(f"```python\n{code}\n```", {**record, "grading": {}}) == 1.0
+
+
+def evalplus_verdicts(record: dict, codes: list[str]) -> tuple[list[bool], float]:
+    """EvalPlus's verdicts, and its reference's seconds in all, from a fresh interpreter that
+    imports only evalplus (as `evalplus.evaluate`'s workers do): its checker forks that process
+    under a 4 GB address-space limit, so a grader holding torch would fail programs EvalPlus passes."""
+    proc = subprocess.run([sys.executable, __file__, "--judge"], input=json.dumps([record, codes]),
+                          capture_output=True, text=True, check=True)
+    verdicts, seconds = json.loads(proc.stdout.strip().splitlines()[-1])
+    return verdicts, seconds
+
+
+def _judge_main() -> None:
+    record, codes = json.loads(sys.stdin.read())
+    judge = EvalPlusJudge(evalplus(), record)
+    verdicts = [judge(code) for code in codes]
+    print(json.dumps([verdicts, sum(judge.times["base"]) + sum(judge.times["plus"])]))
 
 
 def compare(records: list[dict], slow: bool = False, log=print) -> list[dict]:
     """One row per (task, program): both verdicts."""
-    ep, rows = evalplus(), []
+    rows = []
     for record in records:
-        judge = EvalPlusJudge(ep, record)
-        for kind, code in programs(record, slow):
-            start = time.monotonic()
-            rows.append({"task_id": record["task_id"], "program": kind, "evalplus": judge(code),
-                         "rapid": rapid_verdict(record, code),
-                         "reference_s": round(sum(judge.times["base"]) + sum(judge.times["plus"]), 3)})
-            log(f"{record['task_id']:>9} {kind:<10} evalplus={rows[-1]['evalplus']!s:<5} rapid={rows[-1]['rapid']!s:<5} "
-                f"{time.monotonic() - start:.1f}s")
+        start = time.monotonic()
+        kinds_codes = programs(record, slow)
+        verdicts, reference_s = evalplus_verdicts(record, [code for _, code in kinds_codes])
+        for (kind, code), verdict in zip(kinds_codes, verdicts):
+            rows.append({"task_id": record["task_id"], "program": kind, "evalplus": verdict,
+                         "rapid": rapid_verdict(record, code), "reference_s": round(reference_s, 3)})
+            log(f"{record['task_id']:>9} {kind:<10} evalplus={rows[-1]['evalplus']!s:<5} rapid={rows[-1]['rapid']!s:<5}")
+        log(f"{record['task_id']:>9} {time.monotonic() - start:.1f}s")
     return rows
 
 
@@ -215,4 +232,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _judge_main() if sys.argv[1:] == ["--judge"] else main()
