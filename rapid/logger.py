@@ -25,6 +25,20 @@ def git_commit() -> str | None:
         return None
 
 
+def read_rows(path: Path) -> list[dict]:
+    """The JSON rows of a .jsonl file; a line cut short (a run killed while writing it) is dropped."""
+    rows = []
+    for line in Path(path).read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            print(f"{path}: dropping a damaged line ({line[:40]!r}...)", flush=True)
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 class MetricsLogger:
     def __init__(self, run_dir: Path, enabled: bool = True, wandb_cfg: dict | None = None,
                  config: dict | None = None, resume_round: int | None = None):
@@ -34,7 +48,7 @@ class MetricsLogger:
             return
         for path in (self.path, self.path.parent / "rollouts.jsonl", self.path.parent / "eval_outcomes.jsonl"):
             if resume_round is not None and path.exists():
-                rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                rows = read_rows(path)
                 kept = [r for r in rows if r.get("round", 0) <= resume_round]
                 path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         if wandb_cfg and wandb_cfg.get("enabled"):
@@ -48,9 +62,7 @@ class MetricsLogger:
                                     dir=str(run_dir), config=config, id=id_file.read_text().strip(), resume="allow")
 
     def rows(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return read_rows(self.path) if self.path.exists() else []
 
     def log(self, row: dict) -> None:
         if not self.enabled:

@@ -7,14 +7,19 @@ killed and replaced. `workers=0` grades in this process (exceptions still count 
 is then bounded only by each task's own limits). Pools are kept between calls (one per task and
 size) and shut down at exit, because starting a worker costs seconds (imports).
 
-What a worker kills on timeout is the worker itself: checkers that start their own processes
-(the MBPP+ sandbox, the sympy checker, Lean) bound those with their own, shorter, time limits.
+A checker that cannot reach a verdict raises (`rapid.tasks.grading.GradingError`: math-verify out
+of time, a sandbox that did not start) and is counted the same way. Each worker leads its own process
+group, and a hung worker is killed with its whole group, so that what it started (the sympy checker)
+dies with it; checkers that start their own sessions (the MBPP+ sandbox) end their processes when
+their parent dies (bubblewrap's --die-with-parent, PR_SET_PDEATHSIG).
 """
 from __future__ import annotations
 
 import atexit
 import importlib
 import multiprocessing as mp
+import os
+import signal
 import time
 from multiprocessing.connection import wait
 from types import ModuleType
@@ -58,6 +63,7 @@ def _resolve(target: tuple[str, str]) -> Callable:
 
 
 def _worker(conn, target) -> None:
+    os.setpgid(0, 0)                       # a group of its own: killed with everything it started
     fn = _resolve(target)
     conn.send("ready")
     while (job := conn.recv()) is not None:
@@ -82,9 +88,18 @@ class RewardPool:
         child.close()
         return {"proc": proc, "conn": parent, "ready": False, "job": None, "deadline": 0.0}
 
+    @staticmethod
+    def _kill(slot: dict) -> None:
+        """SIGKILL to the worker's process group (pgid == pid once it has started) and to the worker."""
+        for kill in (lambda: os.killpg(slot["proc"].pid, signal.SIGKILL), slot["proc"].kill):
+            try:
+                kill()
+            except (OSError, ValueError):       # gone already, or not started
+                pass
+        slot["proc"].join(timeout=30)
+
     def _replace(self, slot: dict) -> None:
-        slot["proc"].kill()
-        slot["proc"].join()
+        self._kill(slot)
         slot["conn"].close()
         slot.update(self._start())
 
@@ -127,8 +142,7 @@ class RewardPool:
             except (OSError, ValueError):
                 pass
             slot["proc"].join(timeout=2)
-            if slot["proc"].is_alive():
-                slot["proc"].kill()
+            self._kill(slot)                    # and whatever it left behind in its group
 
 
 _POOLS: dict[tuple, RewardPool] = {}

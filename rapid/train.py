@@ -109,7 +109,7 @@ def train(cfg: DictConfig) -> dict:
         run_dir = Path(cfg.resume)
         resume_from = checkpoint.latest(run_dir)
         if resume_from is None:
-            raise ConfigError(f"resume={cfg.resume} holds no checkpoint (checkpoints/round_*/state.pt): "
+            raise ConfigError(f"resume={cfg.resume} holds no readable checkpoint (checkpoints/round_*/state.pt): "
                               "point it at the directory of a run that saved one")
         ignored = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
         if ignored:
