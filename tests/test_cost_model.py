@@ -163,3 +163,12 @@ def test_measures_the_tiny_model_then_predicts_from_its_json(tmp_path):
     bad = subprocess.run([sys.executable, str(REPO / "tools" / "cost_model.py"), "--predict", str(tmp_path / "none.json")],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "does not exist" in bad.stdout and "Traceback" not in bad.stderr
+
+
+def test_cpu_clock_needs_one_thread_on_one_core(tmp_path):
+    """Process CPU time stands for wall time only with one thread on one core; otherwise one clear sentence
+    (here OMP_NUM_THREADS=2, whatever cores the test may use)."""
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "cost_model.py"), "+experiment=smoke", "--clock", "cpu",
+                           "--out", str(tmp_path / "cm.json")], cwd=REPO, env=env_for(tmp_path, OMP_NUM_THREADS="2"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "one thread on one core" in proc.stdout and "Traceback" not in proc.stderr

@@ -323,6 +323,13 @@ def run_lengths(run_dir: Path) -> tuple[float, list[list[int]] | None]:
     return sum(means) / len(means), groups
 
 
+# The clock of every timing. "wall": time.perf_counter. "cpu": this process's CPU time, which is the wall
+# time the same work takes on a core of its own when the process runs one thread on one core (taskset -c N,
+# OMP_NUM_THREADS=1): a measurement that other work on a shared machine does not inflate.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]
+
+
 def best_of(fn, repeats: int, sync=lambda: None, setup=lambda: None, min_total_s: float = 1.0,
             max_repeats: int = 10) -> float:
     """The shortest of at least `repeats` timings of fn(), more (up to max_repeats) while they add up to less
@@ -331,10 +338,10 @@ def best_of(fn, repeats: int, sync=lambda: None, setup=lambda: None, min_total_s
     while len(times) < repeats or (sum(times) < min_total_s and len(times) < max_repeats):
         setup()
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
         sync()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return min(times)
 
 
@@ -399,9 +406,9 @@ def measure(cfg, completion_len: float, sizes: list[int], repeats: int, log=prin
         texts += [c.text for c in group]
         text_records += [train_records[i]] * len(group)
     # ---- reward
-    t0 = time.perf_counter()
+    t0 = clock()
     score(task, texts, text_records, workers=cfg.reward.workers, timeout=cfg.reward.timeout_s)
-    reward_s = (time.perf_counter() - t0) / len(texts)
+    reward_s = (clock() - t0) / len(texts)
     # ---- weight sync
     sync_s = best_of(lambda: sampler.sync_weights(model), 3, sync)
     log(f"weight sync {sync_s:.3f} s; reward {1000 * reward_s:.3f} ms per sample")
@@ -481,6 +488,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--from-run", type=Path, help="a finished run: its config, overrides added, and its mean completion length")
     p.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), help="sequences per engine call to measure")
     p.add_argument("--repeats", type=int, default=2, help="timings per point (the best is kept)")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall time, or this process's CPU time (one thread on one core only: taskset -c N with "
+                        "OMP_NUM_THREADS=1; other work on a shared machine then does not inflate the timings)")
     p.add_argument("--predict", type=Path, help="predict from this saved measurement JSON (no measuring)")
     p.add_argument("--h", type=int, nargs="+", default=list(DEFAULT_H), help="the H to predict")
     p.add_argument("--n-step", type=int, nargs="+", help="the n_step to predict (default: the config's)")
@@ -521,7 +531,8 @@ def main(argv: list[str] | None = None) -> dict:
     head = (f"Predicted seconds per 1,000 samples, {c['model']} ({c['dtype']}, sampler {cm['sampler']}, {cm['device']}), "
             f"task {c['task']}: prompts {cm['prompt_len_mean']:.0f} tokens on average, completions "
             f"{cm['completion_len']} tokens{' (lengths drawn from a run)' if cm.get('length_groups') else ''}; "
-            f"{machine_line(cm['machine'])}" + (f", load average {cm['load_average']['before']:.1f} before and "
+            f"{machine_line(cm['machine'])}" + (", timed by CPU time on one core" if cm.get("clock") == "cpu" else "")
+            + (f", load average {cm['load_average']['before']:.1f} before and "
                                                 f"{cm['load_average']['after']:.1f} after the measurement"
                                                 if cm.get("load_average") else "") + ".")
     if hypothetical_profile:
@@ -562,6 +573,14 @@ def measure_main(args) -> tuple[dict, Path]:
         raise ConfigError(f"--completion-len {L} must be at least 2 tokens")
     if any(s < 1 for s in args.sizes) or sorted(set(args.sizes)) != args.sizes:
         raise ConfigError(f"--sizes {args.sizes} must be distinct positive numbers in increasing order")
+    if args.clock == "cpu":
+        cores, threads = len(os.sched_getaffinity(0)), int(os.environ.get("OMP_NUM_THREADS", "0"))
+        if cores != 1 or threads != 1:
+            raise ConfigError(f"--clock cpu counts the CPU time of every thread, so it needs one thread on one core "
+                              f"(this process may use {cores} cores, OMP_NUM_THREADS={threads or 'unset'}): run it as "
+                              "`OMP_NUM_THREADS=1 taskset -c 0 python tools/cost_model.py ...`")
+    global clock
+    clock = CLOCKS[args.clock]
     print(f"measuring at completions of {L:.1f} tokens, {args.sizes} sequences per call ...", flush=True)
     load_before = os.getloadavg()[0]
     cm = measure(cfg, L, args.sizes, args.repeats, log=lambda s: print(s, flush=True))
@@ -572,6 +591,7 @@ def measure_main(args) -> tuple[dict, Path]:
               f"{os.cpu_count()} cores during the measurement: other processes slowed it", flush=True)
     a = cfg.algorithm
     cm["completion_len_asked"] = L
+    cm["clock"] = args.clock
     cm["length_groups"] = length_groups
     cm["machine"] = machine_info()
     cm["config"] = {"model": cfg.model.name, "dtype": cfg.model.dtype, "task": cfg.task.name, "n_group": a.n_group,
