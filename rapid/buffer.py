@@ -29,6 +29,7 @@ class Rollout:
     truncated: bool              # hit the completion length limit without stopping
     text: str = ""               # decoded completion, for logging and rewards
     prompt_index: int = -1       # position of the problem in the task's training split
+    logp_engine: list[float] | None = None   # the sampler's own log-probs, kept when log μ is recomputed
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Batch:
     rewards: torch.Tensor          # [B]
     group_ids: torch.Tensor        # [B]
     group_size: int                # n
+    logp_engine: torch.Tensor | None = None   # [B, C]  the sampler's log-probs (= logp_mu unless recomputed)
 
     def to(self, device: torch.device | str) -> "Batch":
         return Batch(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in self.__dict__.items()})
@@ -70,15 +72,18 @@ def collate(rollouts: list[Rollout], pad_id: int) -> Batch:
     completion_ids = torch.full((B, C), pad_id, dtype=torch.long)
     completion_mask = torch.zeros((B, C), dtype=torch.bool)
     logp_mu = torch.zeros((B, C), dtype=torch.float32)
+    logp_engine = torch.zeros((B, C), dtype=torch.float32)
     for i, r in enumerate(rollouts):
         c = len(r.completion_ids)
         completion_ids[i, :c] = torch.tensor(r.completion_ids, dtype=torch.long)
         completion_mask[i, :c] = True
         logp_mu[i, :c] = torch.tensor(r.logp_mu, dtype=torch.float32)
+        logp_engine[i, :c] = torch.tensor(r.logp_mu if r.logp_engine is None else r.logp_engine, dtype=torch.float32)
     return Batch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
                  completion_mask=completion_mask, logp_mu=logp_mu,
                  rewards=torch.tensor([r.reward for r in rollouts], dtype=torch.float32),
-                 group_ids=torch.tensor([r.group_id for r in rollouts], dtype=torch.long), group_size=n)
+                 group_ids=torch.tensor([r.group_id for r in rollouts], dtype=torch.long), group_size=n,
+                 logp_engine=logp_engine)
 
 
 class ReplayBuffer:

@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from rapid.config import exit_on_config_error
 from rapid.distributed import all_gather_objects, all_reduce_sum
+from rapid.rewards import score
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -44,7 +45,7 @@ def evaluate(sampler, task, records: list[dict], prompts: list[list[int]], *, ma
     my_prompts = [prompts[i] for i in mine]
     first = sampler.generate(my_prompts, n=1, max_new_tokens=max_new_tokens, temperature=temperature,
                              seeds=[seed + i for i in mine])
-    rewards = [task.reward(c[0].text, records[i]) for c, i in zip(first, mine)]
+    rewards = score(task, [c[0].text for c in first], [records[i] for i in mine])[0]   # a failed check: 0
     values = [sum(r == 1.0 for r in rewards), sum(rewards), len(mine), sum(len(c[0].token_ids) for c in first)]
     if outcomes is not None:
         by_index = {i: int(r == 1.0) for part in all_gather_objects(list(zip(mine, rewards))) for i, r in part}
@@ -53,7 +54,8 @@ def evaluate(sampler, task, records: list[dict], prompts: list[list[int]], *, ma
     if ks:
         groups = sampler.generate(my_prompts, n=n_samples, max_new_tokens=max_new_tokens,
                                   temperature=sample_temperature, seeds=[seed + 7919 + i for i in mine])
-        correct = [sum(task.reward(c.text, records[i]) == 1.0 for c in group) for group, i in zip(groups, mine)]
+        correct = [sum(r == 1.0 for r in score(task, [c.text for c in group], [records[i]] * len(group))[0])
+                   for group, i in zip(groups, mine)]
         values += [sum(pass_at_k(n_samples, c, k) for c in correct) for k in ks]
     totals = all_reduce_sum(values, device)
     n = totals[2]

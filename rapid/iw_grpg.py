@@ -22,6 +22,20 @@ where ``sg`` stops the gradient. With ``η = ∞`` (``eta=None``) and the leave-
 the gradient is an unbiased estimate of ∇_θ E_{π_θ}[R]: the baseline of record n depends only
 on its siblings, which are independent of y_n, and E_μ[w ∇logπ_θ] = ∇ Σ_y π_θ(y) = 0. With
 ``θ = μ`` (first minibatch of a round) every w = 1 and IW-GRPG is exactly GRPG.
+
+Ablation switches (``iw_baseline``, ``iw_gradient``; both default on):
+
+    iw_baseline=False      the baseline averages plain rewards (Eq. 2, or its leave-one-out form)
+    iw_gradient=False      the gradient drops the weight:  g = (1/B) Σ_n A_n ∇_θ logp_n
+    both off               uncorrected off-policy GRPG: Eq. 2 applied to samples of μ
+
+Clipped gradient mass (``clipped_mass``, logged as ``iw/clipped_mass``): the share of the
+weighted gradient coefficients' total magnitude that truncation at η removes,
+
+    clipped_mass = Σ_n (w_n − w̄_n)·|A_n| / Σ_n w_n·|A_n|      (0 when the denominator is 0),
+
+with A_n the advantage this call uses. Only records with w_n > η contribute to the numerator
+(w_n − w̄_n = w_n − η there, 0 elsewhere). It describes the weights, whatever the switches.
 """
 
 from __future__ import annotations
@@ -31,7 +45,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["group_advantages", "iw_grpg_loss", "sequence_logprobs", "masked_mean"]
+__all__ = ["group_advantages", "iw_grpg_loss", "normalized_ess", "sequence_logprobs", "masked_mean"]
 
 # exp(20) ≈ 4.9e8: a larger log-ratio is clamped before exp so that w stays finite even in
 # float32; such a weight is clipped to η anyway whenever η is finite.
@@ -82,6 +96,8 @@ def iw_grpg_loss(
     eta: float | None = 2.0,
     leave_one_out: bool = False,
     normalizer: float | None = None,
+    iw_baseline: bool = True,
+    iw_gradient: bool = True,
 ) -> tuple[Tensor, dict[str, float]]:
     """IW-GRPG surrogate loss (Eq. 3 with the Eq. 4/5 advantage) and per-call statistics.
 
@@ -91,11 +107,17 @@ def iw_grpg_loss(
     ``eta`` is the truncation level η (None: no clipping). ``normalizer`` is the B of the
     1/B factor (default len(logp)); pass the full minibatch size when a minibatch is split
     into micro-batches of whole groups, and the summed micro-batch losses equal the full loss.
+    ``iw_baseline`` / ``iw_gradient`` switch w̄ off in the baseline / the gradient (module docstring).
 
     stats (Python floats, means over this call's B, so micro-batched callers aggregate them
     by a size-weighted mean, and ``iw_max`` by max): ``clip_frac`` fraction with w > η;
-    ``staleness`` mean |log w̄|; ``iw_mean``, ``iw_max`` of the unclipped w; ``adv_mean``,
-    ``adv_abs_mean`` of A. Weights use log-ratios clamped at ``LOG_RATIO_MAX``.
+    ``staleness`` mean |log w̄|; ``log_w_mean`` the signed mean of log w̄ (the paper's Table 3
+    "staleness": the clipped weight averaged in log scale); ``iw_mean``, ``iw_max`` of the unclipped w;
+    ``w_bar_mean``, ``w_bar_sq_mean`` the first two moments of the clipped w̄ (their size-weighted means
+    over micro-batches or ranks give the whole minibatch's, hence its ESS, see ``normalized_ess``);
+    ``adv_mean``, ``adv_abs_mean`` of A; ``clipped_mass`` (module docstring; a ratio over this call's
+    records, so a micro-batched minibatch reports the size-weighted mean of its micro-batches' ratios).
+    Weights use log-ratios clamped at ``LOG_RATIO_MAX``.
     """
     if eta is not None and eta <= 0:
         raise ValueError(f"eta must be positive or None (no clipping); got {eta}.")
@@ -109,16 +131,36 @@ def iw_grpg_loss(
     w = log_ratio.exp()  # [B]
     w_bar = w if eta is None else w.clamp(max=eta)  # [B] min(w, η)
     log_w_bar = log_ratio if eta is None else log_ratio.clamp(max=math.log(eta))  # [B]
-    adv = group_advantages(rewards, group_ids, w_bar, leave_one_out).to(dtype)  # [B]
+    adv = group_advantages(rewards, group_ids, w_bar if iw_baseline else None, leave_one_out)
+    adv = adv.to(dtype)  # [B]
+    coef = w_bar if iw_gradient else torch.ones_like(w_bar)  # [B] the weight in Eq. 3
     b = float(logp.shape[0]) if normalizer is None else float(normalizer)
-    loss = -(w_bar * adv * logp.to(dtype)).sum() / b
+    loss = -(coef * adv * logp.to(dtype)).sum() / b
 
     clipped = torch.zeros_like(w) if eta is None else (w > eta).to(dtype)
+    mass = (w * adv.abs()).sum()  # Σ w|A|
+    removed = ((w - w_bar) * adv.abs()).sum()  # Σ (w − w̄)|A|
+    clipped_mass = torch.where(mass > 0, removed / mass.clamp(min=torch.finfo(dtype).tiny), 0.0)
     values = torch.stack(
-        [clipped.mean(), log_w_bar.abs().mean(), w.mean(), w.max(), adv.mean(), adv.abs().mean()]
+        [clipped.mean(), log_w_bar.abs().mean(), log_w_bar.mean(), w.mean(), w.max(), w_bar.mean(),
+         w_bar.square().mean(), adv.mean(), adv.abs().mean(), clipped_mass]
     ).tolist()  # one device sync
-    names = ("clip_frac", "staleness", "iw_mean", "iw_max", "adv_mean", "adv_abs_mean")
+    names = ("clip_frac", "staleness", "log_w_mean", "iw_mean", "iw_max", "w_bar_mean", "w_bar_sq_mean", "adv_mean",
+             "adv_abs_mean", "clipped_mass")
     return loss, dict(zip(names, values))
+
+
+def normalized_ess(w_bar_mean: float, w_bar_sq_mean: float) -> float:
+    """Normalised effective sample size of the weights w̄_1..w̄_B of a minibatch, from their moments:
+
+        ESS / B = (Σ w̄)² / (B Σ w̄²) = mean(w̄)² / mean(w̄²)   in (0, 1]
+
+    1 when all weights are equal (on-policy: w̄ = 1); 1/B when one weight carries the whole
+    minibatch. Moments rather than per-call ESS values, because the moments of a minibatch split
+    into micro-batches (or over ranks) are the size-weighted means of theirs, while ESS values are
+    not. All-zero weights (every log-ratio below float range) give 0.
+    """
+    return w_bar_mean ** 2 / w_bar_sq_mean if w_bar_sq_mean > 0 else 0.0
 
 
 def sequence_logprobs(token_logp: Tensor, mask: Tensor) -> Tensor:

@@ -2,14 +2,17 @@
 
 Keys are namespaced (`train/`, `iw/`, `eval/`, `time/`, `sampler/`) with units in the name.
 With `logger.rollouts=true` every round's samples go to <run_dir>/rollouts.jsonl as well
-(prompt index, completion token ids and text, reward), and every evaluation's per-problem greedy
-verdicts go to <run_dir>/eval_outcomes.jsonl. Only rank 0 writes. On resume, rows after
+(prompt index, completion token ids and text, reward), and for the round's first group the per-token
+log μ (`logp_mu`) and log π_θ after the round's updates (`logp_pi`); every evaluation's per-problem
+greedy verdicts go to <run_dir>/eval_outcomes.jsonl. Only rank 0 writes. The W&B run id is kept in
+<run_dir>/wandb_id, so that a resumed run logs into the same W&B run. On resume, rows after
 the checkpoint's round are dropped first, so the files read as if the run had never stopped.
 """
 from __future__ import annotations
 
 import json
 import subprocess
+import uuid
 from pathlib import Path
 
 
@@ -22,6 +25,20 @@ def git_commit() -> str | None:
         return None
 
 
+def read_rows(path: Path) -> list[dict]:
+    """The JSON rows of a .jsonl file; a line cut short (a run killed while writing it) is dropped."""
+    rows = []
+    for line in Path(path).read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            print(f"{path}: dropping a damaged line ({line[:40]!r}...)", flush=True)
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 class MetricsLogger:
     def __init__(self, run_dir: Path, enabled: bool = True, wandb_cfg: dict | None = None,
                  config: dict | None = None, resume_round: int | None = None):
@@ -31,19 +48,21 @@ class MetricsLogger:
             return
         for path in (self.path, self.path.parent / "rollouts.jsonl", self.path.parent / "eval_outcomes.jsonl"):
             if resume_round is not None and path.exists():
-                rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                rows = read_rows(path)
                 kept = [r for r in rows if r.get("round", 0) <= resume_round]
                 path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         if wandb_cfg and wandb_cfg.get("enabled"):
             import wandb  # optional dependency (`pip install rapid[wandb]`); WANDB_MODE=offline works
 
+            # the run's W&B id lives in the run directory, so that a resumed run continues the same W&B run
+            id_file = Path(run_dir) / "wandb_id"
+            if not id_file.exists():
+                id_file.write_text(uuid.uuid4().hex[:12] + "\n")
             self.wandb = wandb.init(project=wandb_cfg.get("project"), name=wandb_cfg.get("name"),
-                                    dir=str(run_dir), config=config, resume="allow")
+                                    dir=str(run_dir), config=config, id=id_file.read_text().strip(), resume="allow")
 
     def rows(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return read_rows(self.path) if self.path.exists() else []
 
     def log(self, row: dict) -> None:
         if not self.enabled:
@@ -53,16 +72,20 @@ class MetricsLogger:
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in row.items() if k != "round"}, step=row.get("round"))
 
-    def log_rollouts(self, round_: int, rollouts: list) -> None:
+    def log_rollouts(self, round_: int, rollouts: list, logp_pi: list[list[float]] | None = None) -> None:
         """This rank's samples of a round, one JSON object a line, in <run_dir>/rollouts.jsonl (on every rank
-        that logs: the records of a multi-GPU run are rank 0's share)."""
+        that logs: the records of a multi-GPU run are rank 0's share). `logp_pi`: per-token log π_θ of the
+        first len(logp_pi) records, written beside their per-token log μ."""
         if not self.enabled:
             return
+        logp_pi = logp_pi or []
         with (self.path.parent / "rollouts.jsonl").open("a") as f:
-            for r in rollouts:
-                f.write(json.dumps({"round": round_, "group": r.group_id, "prompt_index": r.prompt_index,
-                                    "completion_ids": r.completion_ids, "text": r.text, "reward": r.reward,
-                                    "truncated": r.truncated}) + "\n")
+            for i, r in enumerate(rollouts):
+                row = {"round": round_, "group": r.group_id, "prompt_index": r.prompt_index,
+                       "completion_ids": r.completion_ids, "text": r.text, "reward": r.reward, "truncated": r.truncated}
+                if i < len(logp_pi):
+                    row |= {"logp_mu": list(r.logp_mu), "logp_pi": logp_pi[i]}
+                f.write(json.dumps(row) + "\n")
 
     def log_eval_outcomes(self, round_: int, correct: list[int]) -> None:
         """One evaluation's verdicts (1 or 0 per held-out problem, in eval order)."""

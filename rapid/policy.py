@@ -8,7 +8,7 @@ prompt is run once for its n completions (`CompletionLogprobs`).
 A minibatch of `n_step` records is processed in micro-batches of whole groups; each
 micro-batch's loss is normalised by the full minibatch's size (records or completion tokens),
 so the accumulated gradient is exactly the full-minibatch gradient. Under DDP, gradients are all-reduced once, on the last
-micro-batch.
+micro-batch, and token counts are global (each rank divides by its share of the count over all ranks).
 """
 from __future__ import annotations
 
@@ -83,6 +83,8 @@ def accumulate_gradients(policy: torch.nn.Module, records: list[Rollout], loss_f
     buffer keeps groups contiguous). Returns the minibatch's stats (record-weighted means)."""
     B = len(records)
     n_tokens = sum(len(r.completion_ids) for r in records)
+    if isinstance(policy, DistributedDataParallel):
+        n_tokens = global_token_share(n_tokens, policy)
     chunks = [records[i:i + micro_batch] for i in range(0, B, micro_batch)]
     totals: dict[str, float] = {}
     for k, chunk in enumerate(chunks):
@@ -104,19 +106,52 @@ def accumulate_gradients(policy: torch.nn.Module, records: list[Rollout], loss_f
     return totals
 
 
+def global_token_share(n_tokens: int, policy: DistributedDataParallel) -> float:
+    """The normaliser of a token-mean loss on this rank: (completion tokens over all ranks) / world.
+    DDP averages the ranks' gradients, so Σ_rank (1/world) Σ_tokens ∇o / (N / world) = Σ_all ∇o / N,
+    the single-process token mean; a rank's own count would over-weight ranks with short completions."""
+    device = next(policy.parameters()).device
+    total = torch.tensor([float(n_tokens)], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(total, group=policy.process_group)
+    return total.item() / torch.distributed.get_world_size(policy.process_group)
+
+
 @torch.no_grad()
-def recompute_behavior_logprobs(policy: torch.nn.Module, records: list[Rollout], *, micro_batch: int, pad_id: int,
-                                device: torch.device, compute_dtype: torch.dtype) -> float:
-    """Replace each record's log μ by the trainer's own log-probs (exact: θ = μ at the start of a
-    round). Returns the mean |trainer − sampler| per completion token that this replaced."""
+def recompute_behavior_logprobs(policy: torch.nn.Module, minibatches: list[list[Rollout]], *, micro_batch: int,
+                                pad_id: int, device: torch.device, compute_dtype: torch.dtype) -> float:
+    """Replace each record's log μ by the trainer's own log-probs (θ = μ at the start of a round),
+    keeping the sampler's in `logp_engine`. Returns the mean |trainer − sampler| per completion
+    token that this replaced.
+
+    The forward runs in exactly the micro-batches `accumulate_gradients` will use for these
+    minibatches (pass the round's first pass): in bf16 a record's log-probs depend on the shapes
+    of the batch it is computed in, so only the same micro-batches give w = 1 exactly at θ = μ."""
+    module = policy.module if isinstance(policy, DistributedDataParallel) else policy   # a forward, no gradient sync
     gap, n_tokens = 0.0, 0
-    for i in range(0, len(records), micro_batch):
-        chunk = records[i:i + micro_batch]
-        batch = collate(chunk, pad_id).to(device)
-        with autocast(device, compute_dtype):
-            token_logp = completion_logprobs(policy, batch).float()
-        gap += ((token_logp - batch.logp_mu).abs() * batch.completion_mask).sum().item()
-        n_tokens += int(batch.completion_mask.sum())
-        for r, row in zip(chunk, token_logp.cpu()):
-            r.logp_mu = row[:len(r.completion_ids)].tolist()
+    for records in minibatches:
+        for i in range(0, len(records), micro_batch):
+            chunk = records[i:i + micro_batch]
+            batch = collate(chunk, pad_id).to(device)
+            with autocast(device, compute_dtype):
+                token_logp = completion_logprobs(module, batch).float()
+            gap += ((token_logp - batch.logp_mu).abs() * batch.completion_mask).sum().item()
+            n_tokens += int(batch.completion_mask.sum())
+            for r, row in zip(chunk, token_logp.cpu()):
+                r.logp_engine = r.logp_mu
+                r.logp_mu = row[:len(r.completion_ids)].tolist()
     return gap / max(n_tokens, 1)
+
+
+@torch.no_grad()
+def token_logprobs(policy: torch.nn.Module, records: list[Rollout], *, pad_id: int, device: torch.device,
+                   compute_dtype: torch.dtype) -> list[list[float]]:
+    """Per-token log π_θ of each record's completion under the current parameters (the log importance
+    weight along a generation is this minus the record's log μ). Runs the unwrapped module, so that it
+    may be called on one rank alone under DDP."""
+    if not records:
+        return []
+    module = policy.module if isinstance(policy, DistributedDataParallel) else policy
+    batch = collate(records, pad_id).to(device)
+    with autocast(device, compute_dtype):
+        logp = completion_logprobs(module, batch).float().cpu()
+    return [row[:len(r.completion_ids)].tolist() for r, row in zip(records, logp)]

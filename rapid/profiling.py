@@ -79,3 +79,27 @@ class PhaseClock:
         if self.peak_is_process:
             row["mem/peak_is_process"] = True
         return row
+
+
+VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+                "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+
+
+def cpu_description() -> str:
+    """The CPU model, its core count and its vector extensions (from /proc/cpuinfo where it exists), for
+    every results file: timings differ several-fold between CPUs of the same kind."""
+    import os
+    import platform
+
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model in ("", platform.machine(), platform.processor()):
+                model = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    vector = [f for f in VECTOR_FLAGS if f in flags]
+    return f"{model}, {os.cpu_count()} cores, vector extensions: {' '.join(vector) or 'unknown'}"

@@ -7,18 +7,25 @@ killed and replaced. `workers=0` grades in this process (exceptions still count 
 is then bounded only by each task's own limits). Pools are kept between calls (one per task and
 size) and shut down at exit, because starting a worker costs seconds (imports).
 
-What a worker kills on timeout is the worker itself: checkers that start their own processes
-(the MBPP+ sandbox, the sympy checker, Lean) bound those with their own, shorter, time limits.
+A checker that cannot reach a verdict raises (`rapid.tasks.grading.GradingError`: math-verify out
+of time, a sandbox that did not start) and is counted the same way. Each worker leads its own process
+group, and a hung worker is killed with its whole group, so that what it started (the sympy checker)
+dies with it; checkers that start their own sessions (the MBPP+ sandbox) end their processes when
+their parent dies (bubblewrap's --die-with-parent, PR_SET_PDEATHSIG).
 """
 from __future__ import annotations
 
 import atexit
 import importlib
 import multiprocessing as mp
+import os
+import signal
 import time
 from multiprocessing.connection import wait
 from types import ModuleType
 from typing import Callable
+
+from rapid.config import ConfigError
 
 
 def score(task: ModuleType | Callable, completions: list[str], records: list[dict], workers: int = 0,
@@ -56,6 +63,7 @@ def _resolve(target: tuple[str, str]) -> Callable:
 
 
 def _worker(conn, target) -> None:
+    os.setpgid(0, 0)                       # a group of its own: killed with everything it started
     fn = _resolve(target)
     conn.send("ready")
     while (job := conn.recv()) is not None:
@@ -80,9 +88,18 @@ class RewardPool:
         child.close()
         return {"proc": proc, "conn": parent, "ready": False, "job": None, "deadline": 0.0}
 
+    @staticmethod
+    def _kill(slot: dict) -> None:
+        """SIGKILL to the worker's process group (pgid == pid once it has started) and to the worker."""
+        for kill in (lambda: os.killpg(slot["proc"].pid, signal.SIGKILL), slot["proc"].kill):
+            try:
+                kill()
+            except (OSError, ValueError):       # gone already, or not started
+                pass
+        slot["proc"].join(timeout=30)
+
     def _replace(self, slot: dict) -> None:
-        slot["proc"].kill()
-        slot["proc"].join()
+        self._kill(slot)
         slot["conn"].close()
         slot.update(self._start())
 
@@ -125,8 +142,7 @@ class RewardPool:
             except (OSError, ValueError):
                 pass
             slot["proc"].join(timeout=2)
-            if slot["proc"].is_alive():
-                slot["proc"].kill()
+            self._kill(slot)                    # and whatever it left behind in its group
 
 
 _POOLS: dict[tuple, RewardPool] = {}
@@ -137,3 +153,30 @@ def close_pools() -> None:
     for pool in _POOLS.values():
         pool.close()
     _POOLS.clear()
+
+
+class RewardSelfTestError(ConfigError):
+    """The task's reward failed its start-up self-test (see `self_test`)."""
+
+
+def self_test(task: ModuleType, records: list[dict], n: int, workers: int = 0, timeout: float = 60.0) -> str:
+    """Grade, before training, the reference completions of the first `n` records: each must score 1
+    and its corrupted twin 0 (the task's `reference(record) -> (right, wrong)`). A grader broken by the
+    environment (a missing package, a sandbox that cannot start, a parser that changed) then stops the
+    run at once instead of scoring every sample 0. Returns a one-line summary; raises
+    RewardSelfTestError naming the first failing example."""
+    reference = getattr(task, "reference", None)
+    if reference is None or n <= 0 or not records:
+        return f"reward self-test skipped ({'off' if n <= 0 else 'the task has no reference answers'})"
+    chosen = records[:n]
+    pairs = [reference(r) for r in chosen]
+    rewards, _ = score(task, [c for pair in pairs for c in pair], [r for r in chosen for _ in range(2)],
+                       workers=workers, timeout=timeout)
+    for i, record in enumerate(chosen):
+        right, wrong = rewards[2 * i], rewards[2 * i + 1]
+        if right != 1.0 or wrong != 0.0:
+            what = f"its reference answer scored {right}" if right != 1.0 else f"a wrong answer scored {wrong}"
+            example = str(record.get("question") or record.get("problem") or record.get("task_id") or record)[:80]
+            raise RewardSelfTestError(f"the reward self-test failed on training example {i} ('{example}'): {what}; "
+                                      "check the task's grader and its dependencies, or set reward.self_test=0")
+    return f"reward self-test passed: {len(chosen)} reference answers scored 1, their corrupted twins 0"

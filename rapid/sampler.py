@@ -15,7 +15,8 @@ not installed, and the reference in tests) generates with transformers `generate
 training model itself, so
 `sync_weights` has nothing to copy. Sampling is exact temperature sampling done by the
 Gumbel-max trick with one `torch.Generator` per completion, seeded from (round, prompt,
-sample): a completion does not depend on the batch it was generated in, on the number of
+sample), from exactly softmax(logits / T): the processors of the checkpoint's generation_config
+(repetition penalty, top-k, ...) are not applied. A completion does not depend on the batch it was generated in, on the number of
 ranks, or on where a resumed run restarted. `temperature=0` is greedy decoding.
 """
 from __future__ import annotations
@@ -140,7 +141,7 @@ class HFSampler:
         recorder = _SampleAndRecord(generators, temperature, top_p)
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                                   eos_token_id=[] if self.ignore_eos else self.eos_ids, pad_token_id=self.pad_id)
-        with _autocast(device, self.autocast_dtype):
+        with _autocast(device, self.autocast_dtype), _without_checkpoint_generation_config(self.model):
             cache = None
             if n > 1 and P > 1:
                 prefix_mask = attention_mask[:, :-1]
@@ -292,6 +293,19 @@ def engine_name(name: str) -> str:
 
 def _as_list(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+@contextlib.contextmanager
+def _without_checkpoint_generation_config(model: torch.nn.Module):
+    """Hide the checkpoint's generation_config (repetition_penalty, top_k, top_p, no_repeat_ngram_size,
+    ... as instruct models ship them) from `generate`, which fills every option a call leaves unset
+    from it: the only processor left is rapid's, so μ is exactly softmax(logits / T), as π_θ is."""
+    saved = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None):

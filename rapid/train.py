@@ -13,17 +13,21 @@ Each round t:
         g   = (1/B) Σ_n w̄_n A_n ∇ log π_θ(y_n|x_n)
      On the first step of a round θ = μ, so w = 1 and this is plain GRPG (Eq. 2);
   6. push the new weights into the sampler, in place.
-PG is the same loop with H = 1 (`algorithm=pg`).
+PG is the same loop with H = 1 (`algorithm=pg`). With `algorithm.H=auto` each round's H is chosen from
+the previous rounds' importance weights and phase times (rapid/adaptive_h.py), and the run ends when
+its sample budget (`samples`) is spent.
 
     python -m rapid.train                                   # the offline default run (CPU, ~20 min)
     python -m rapid.train +experiment=smoke                 # tiny random model, < 2 min
     python -m rapid.train -m algorithm.H=1,2,4,8 seed=0,1   # a sweep, one directory per run
+    python -m rapid.train algorithm.H=auto samples=3072     # H chosen every round, 3072 samples in all
     torchrun --nproc_per_node=2 -m rapid.train ...          # DDP: each rank samples its share of prompts
     python -m rapid.train resume=outputs/<run>              # continue from the latest checkpoint
 """
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import sys
@@ -37,20 +41,21 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from rapid import checkpoint, distributed
+from rapid import adaptive_h, checkpoint, distributed
 from rapid.buffer import ReplayBuffer, Rollout, keep_informative_groups
-from rapid.config import DTYPES, ConfigError, exit_on_config_error, register_resolvers, validate
+from rapid.config import DTYPES, ConfigError, exit_on_config_error, register_resolvers, run_length, validate
 from rapid.data import PromptStream
 from rapid.distributed import all_reduce_max, all_reduce_sum, print0
 from rapid.evaluate import evaluate
-from rapid.iw_grpg import iw_grpg_loss, masked_mean, sequence_logprobs
+from rapid.iw_grpg import iw_grpg_loss, masked_mean, normalized_ess, sequence_logprobs
 from rapid.losses import dapo_loss, group_normalized_advantages, grpo_loss, overlong_penalty
+from rapid.mismatch import scale_gradient, truncated_is_factors
 from rapid.logger import MetricsLogger, git_commit
 from rapid.models import load_model_and_tokenizer
 from rapid.policy import (CompletionLogprobs, accumulate_gradients, autocast, completion_logprobs,
-                          recompute_behavior_logprobs)
-from rapid.profiling import PhaseClock
-from rapid.rewards import score
+                          recompute_behavior_logprobs, token_logprobs)
+from rapid.profiling import PhaseClock, cpu_description
+from rapid.rewards import score, self_test
 from rapid.sampler import make_sampler
 from rapid.sft import distill_and_sft
 from rapid.seeding import derive_seed
@@ -58,7 +63,9 @@ from rapid.tasks import load_splits
 
 SAMPLE_STREAM, BUFFER_STREAM = 0, 1    # tags that keep derived seed streams apart
 PHASES = ("generate", "reward", "recompute", "train", "sync")   # a round's timed phases (+ other)
-STAT_NAMES = {"clip_frac": "iw/clip_frac", "staleness": "iw/staleness", "iw_mean": "iw/mean", "loss": "train/loss"}
+STAT_NAMES = {"clip_frac": "iw/clip_frac", "staleness": "iw/staleness", "log_w_mean": "iw/log_w_mean",
+              "iw_mean": "iw/mean", "loss": "train/loss", "clipped_mass": "iw/clipped_mass",
+              "correction_ratio_mean": "sampler/correction_ratio_mean", "correction_trunc_frac": "sampler/correction_trunc_frac"}
 
 register_resolvers()
 
@@ -102,7 +109,7 @@ def train(cfg: DictConfig) -> dict:
         run_dir = Path(cfg.resume)
         resume_from = checkpoint.latest(run_dir)
         if resume_from is None:
-            raise ConfigError(f"resume={cfg.resume} holds no checkpoint (checkpoints/round_*/state.pt): "
+            raise ConfigError(f"resume={cfg.resume} holds no readable checkpoint (checkpoints/round_*/state.pt): "
                               "point it at the directory of a run that saved one")
         ignored = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
         if ignored:
@@ -118,14 +125,13 @@ def train(cfg: DictConfig) -> dict:
                                                 cfg.model.gradient_checkpointing, seed=cfg.seed)
     model.to(device)
     task, train_records, train_prompts, eval_records, eval_prompts = load_splits(t, tokenizer, cfg.eval.n)
-    if cfg.rounds is None:   # whole epochs over the training set
-        cfg.rounds = math.ceil(cfg.epochs * len(train_records) / (a.n_inference // a.n_group))
+    cfg.rounds, cfg.samples = run_length(cfg, len(train_records))   # rounds is None with H=auto
     if distributed.is_main():
         run_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         (run_dir / ("meta_resume.json" if resume_from else "meta.json")).write_text(json.dumps(
             {"git_commit": git_commit(), "argv": sys.argv, "world_size": world, "device": str(device),
-             "torch": torch.__version__}, indent=2))
+             "torch": torch.__version__, "cpu": cpu_description()}, indent=2))
         record_id = lambda r: r.get("task_id") or r.get("unique_id") or r.get("name") or r.get("question")
         (run_dir / "split.json").write_text(json.dumps(   # which problems trained, which were held out
             {"train": [record_id(r) for r in train_records], "eval": [record_id(r) for r in eval_records]}))
@@ -134,15 +140,20 @@ def train(cfg: DictConfig) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay,
                                   fused=True)   # one kernel for all parameters (2.8x faster step on CPU)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(o.schedule, o.warmup_steps, cfg.rounds * a.H * a.get("num_iterations", 1)))
+        optimizer, lr_lambda(o.schedule, o.warmup_steps, cfg.samples // a.n_step * a.get("num_iterations", 1)))
     policy = CompletionLogprobs(model, temperature, share_prompt=not cfg.model.gradient_checkpointing)
     if world > 1:
         policy = DistributedDataParallel(policy, device_ids=[device.index] if device.type == "cuda" else None)
     stream = PromptStream(len(train_records), derive_seed(cfg.seed, 2))
-    start_round, elapsed0 = 0, 0.0
+    auto_h = adaptive_h.Settings.from_config(a.auto_h, a.n_step) if a.H == "auto" else None
+    h_state = adaptive_h.initial_state(auto_h) if auto_h else None
+    start_round, elapsed0, samples_done = 0, 0.0, 0
     if resume_from is not None:
         state = checkpoint.load(resume_from, model, optimizer, scheduler, stream)
         start_round, elapsed0 = state["round"], state["elapsed_s"]
+        samples_done = state.get("samples", start_round * a.n_inference)
+        if auto_h:
+            h_state = adaptive_h.State.from_state_dict(state["auto_h"])
         print0(f"resumed from {resume_from} at round {start_round}")
     logger = MetricsLogger(run_dir, enabled=distributed.is_main(),
                            wandb_cfg={"enabled": cfg.logger.wandb, "project": cfg.logger.project, "name": run_dir.name},
@@ -156,10 +167,15 @@ def train(cfg: DictConfig) -> dict:
 
     def loss_fn(token_logp, batch, n_records, n_tokens):
         mask = batch.completion_mask
+        correction = {}
+        if a.get("engine_correction", "none") != "none":   # μ_engine vs the trainer's μ: rapid/mismatch.py
+            factors, correction = truncated_is_factors(batch.logp_mu, batch.logp_engine, mask, a.engine_correction,
+                                                       a.engine_correction_cap)
+            token_logp = scale_gradient(token_logp, factors)   # same values; each token's gradient times its factor
         if a.loss == "iw_grpg":        # RAPID / PG: sequence-level IW-GRPG (Eq. 3-5)
             loss, stats = iw_grpg_loss(sequence_logprobs(token_logp, mask), sequence_logprobs(batch.logp_mu, mask),
                                        batch.rewards, batch.group_ids, eta=a.eta, leave_one_out=a.leave_one_out,
-                                       normalizer=n_records)
+                                       normalizer=n_records, iw_baseline=a.iw_baseline, iw_gradient=a.iw_gradient)
         else:                          # GRPO / DAPO: token-level clipped ratios, group-normalised advantages
             advantages = group_normalized_advantages(batch.rewards, batch.group_ids)
             if a.loss == "grpo":
@@ -175,7 +191,7 @@ def train(cfg: DictConfig) -> dict:
                                         clip_high=a.clip_high, normalizer=n_tokens)
         # |log π_θ − log μ| per token; on a round's first step θ = μ, so this is sampler/trainer mismatch
         stats["token_logp_gap"] = masked_mean((token_logp.detach() - batch.logp_mu).abs(), mask).item()
-        return loss, stats
+        return loss, stats | {f"correction_{k}": v for k, v in correction.items()}
 
     def sample_and_score(round_: int, positions: list[int], indices: list[int], clock: PhaseClock) -> tuple[list[Rollout], int]:
         """n_group completions per prompt with μ = π_θ, seeds from (round, prompt, sample), scored
@@ -210,16 +226,21 @@ def train(cfg: DictConfig) -> dict:
         print0(f"eval @ round {round_}: accuracy {row['eval/accuracy']:.3f} on {row['eval/n']} problems")
         return row
 
+    print0(self_test(task, train_records, cfg.reward.self_test, workers=cfg.reward.workers, timeout=cfg.reward.timeout_s))
     t_start = time.perf_counter() - elapsed0
     if start_round == 0:
         run_eval(0)
     buffer = ReplayBuffer()
-    n_prompts = a.n_inference // a.n_group          # prompts per round, over all ranks
-    bar = tqdm(range(start_round, cfg.rounds), initial=start_round, total=cfg.rounds,
+    bar = tqdm(total=cfg.samples, initial=samples_done, unit="samples",
                disable=not distributed.is_main() or not cfg.logger.progress, dynamic_ncols=True)
+    final = None
     # ---------------------------------------------------------------- Algorithm 1
-    for round_ in bar:
+    for round_ in itertools.count(start_round):
+        if samples_done >= cfg.samples:
+            break
         t0 = time.perf_counter()
+        H = a.H if auto_h is None else adaptive_h.plan(h_state, cfg.samples - samples_done, a.n_step)
+        n_prompts = H * a.n_step // a.n_group          # prompts per round, over all ranks
         # 1-3. prompts X_t (the round's n_inference / n_group; this rank takes every world-th), sampled and scored
         positions = list(range(rank, n_prompts, world))
         round_indices = stream.take(n_prompts)
@@ -238,29 +259,39 @@ def train(cfg: DictConfig) -> dict:
                 extra, d = keep_informative_groups(extra)
                 rollouts, failed, dropped = rollouts + extra, failed + f, dropped + d
             rollouts = trim_to_minibatches(rollouts, a.n_step // world, len(positions) * a.n_group, device)
+        # 4. Z_t, served as group-aligned minibatches (n_step records over all ranks), once per pass
+        buffer.clear()
+        buffer.add(rollouts)
+        shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, BUFFER_STREAM, round_))
+        passes = [buffer.minibatches(a.n_step // world, shuffle) for _ in range(a.get("num_iterations", 1))]
         mismatch = None
-        if a.behavior_logprobs == "recompute":   # exact log μ: one trainer forward pass, θ = μ here
+        if a.behavior_logprobs == "recompute":   # exact log μ: the trainer's forward at θ = μ, in the first pass's micro-batches
             with clock.phase("recompute"):
-                mismatch = recompute_behavior_logprobs(policy, rollouts, micro_batch=cfg.train.micro_batch,
+                mismatch = recompute_behavior_logprobs(policy, passes[0], micro_batch=cfg.train.micro_batch,
                                                        pad_id=sampler.pad_id, device=device, compute_dtype=compute_dtype)
         with clock.phase("sync"):
             sampler.sleep()
-        # 4. Z_t
-        buffer.clear()
-        buffer.add(rollouts)
-        # 5. H gradient steps on group-aligned minibatches (n_step records over all ranks)
-        shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, BUFFER_STREAM, round_))
-        steps = []
+        # 5. H gradient steps
+        steps, ess = [], []
         with clock.phase("train"):
-            for minibatch in [mb for _ in range(a.get("num_iterations", 1)) for mb in buffer.minibatches(a.n_step // world, shuffle)]:
+            for minibatch in [mb for minibatches in passes for mb in minibatches]:
                 stats = accumulate_gradients(policy, minibatch, loss_fn, micro_batch=cfg.train.micro_batch,
                                              pad_id=sampler.pad_id, device=device, compute_dtype=compute_dtype)
+                if "w_bar_mean" in stats:    # IW-GRPG: the minibatch's ESS, over all ranks
+                    ess.append(normalized_ess(*all_reduce_sum([stats["w_bar_mean"] / world, stats["w_bar_sq_mean"] / world], device)))
+                if auto_h and adaptive_h.stop_early(ess, auto_h):   # too stale: not applied, the round ends
+                    optimizer.zero_grad(set_to_none=True)
+                    break
                 stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip).item()
                 stats["lr"] = scheduler.get_last_lr()[0]
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 steps.append(stats)
+        unused = (H - len(steps)) * a.n_step if auto_h else 0   # generated, not trained on (early stop)
+        for _ in range(unused // a.n_step):                     # the lr schedule runs over samples generated
+            scheduler.step()
+        samples_done += H * a.n_step
         # 6. the new weights go to the sampler, in place
         with clock.phase("sync"):
             sampler.wake_up()
@@ -275,7 +306,7 @@ def train(cfg: DictConfig) -> dict:
                                steps[0]["token_logp_gap"] if mismatch is None else mismatch]
                               + [sum(s[k] for s in steps) / len(steps) for k in loss_keys], device)
         n = max(sums[0], 1)
-        row = {"round": round_ + 1, "samples": (round_ + 1) * a.n_inference, "epoch": stream.epoch + stream.pos / len(train_records),
+        row = {"round": round_ + 1, "samples": samples_done, "epoch": stream.epoch + stream.pos / len(train_records),
                "train/reward_mean": sums[3] / n, "train/accuracy": sums[4] / n, "train/completion_len": sums[5] / n,
                "train/truncated_frac": sums[6] / n, "train/reward_failures": int(sums[1]),
                "sampler/logprob_mismatch": sums[7] / world,
@@ -288,31 +319,44 @@ def train(cfg: DictConfig) -> dict:
             row["iw/max"] = all_reduce_max(max(s["iw_max"] for s in steps), device)
         if a.get("dynamic_sampling", False):
             row["train/dropped_groups"] = int(sums[2])
+        if auto_h:   # the next round's H, from this round's weights and phase times (averaged over ranks)
+            times = all_reduce_sum([row[f"time/{p}_s"] / world for p in ("generate", "reward", "recompute", "train", "sync", "other")], device)
+            h_state, decision = adaptive_h.update(h_state, auto_h, adaptive_h.Round(
+                H, ess, generate_s=times[0], reward_s=times[1] + times[2], train_s=times[3], fixed_s=times[4] + times[5]))
+            row |= {"algorithm/H": H, "algorithm/steps": len(steps), "algorithm/unused_samples": unused, **decision}
         logger.log(row)
-        if cfg.logger.rollouts:
-            logger.log_rollouts(round_ + 1, rollouts)
+        if cfg.logger.rollouts:   # + per-token log π after the round's updates, for its first group (the token log w)
+            logger.log_rollouts(round_ + 1, rollouts, token_logprobs(policy, rollouts[:a.n_group], pad_id=sampler.pad_id,
+                                                                     device=device, compute_dtype=compute_dtype))
+        bar.update(H * a.n_step)
         bar.set_postfix(reward=f"{row['train/reward_mean']:.3f}", clip=f"{row.get('iw/clip_frac', 0):.2f}",
-                        stale=f"{row.get('iw/staleness', 0):.3f}", s_round=f"{row['time/round_s']:.1f}")
-        last = round_ + 1 == cfg.rounds
-        if (cfg.eval.every and (round_ + 1) % cfg.eval.every == 0) or last:
+                        stale=f"{row.get('iw/staleness', 0):.3f}", H=H, s_round=f"{row['time/round_s']:.1f}")
+        last = samples_done >= cfg.samples
+        every_samples = cfg.eval.get("every_samples") or cfg.samples + 1
+        crossed = samples_done // every_samples > (samples_done - H * a.n_step) // every_samples
+        if (cfg.eval.every and (round_ + 1) % cfg.eval.every == 0) or crossed or last:
             final = run_eval(round_ + 1)
         if (cfg.ckpt.every and (round_ + 1) % cfg.ckpt.every == 0) or last:
             if distributed.is_main():
                 checkpoint.save(run_dir, round_ + 1, model, tokenizer, optimizer, scheduler, stream, cfg,
-                                elapsed_s=time.perf_counter() - t_start, keep=cfg.ckpt.keep)
+                                elapsed_s=time.perf_counter() - t_start, keep=cfg.ckpt.keep,
+                                extra={"samples": samples_done, "auto_h": h_state and h_state.state_dict()})
     bar.close()
     # ---------------------------------------------------------------- final evaluation and summary
-    if start_round == cfg.rounds:   # resumed a finished run: report, log nothing new
-        final = run_eval(cfg.rounds, log=False)
+    if final is None:   # resumed a finished run: report, log nothing new
+        final = run_eval(round_, log=False)
     rows = logger.rows() if distributed.is_main() else []
     evals = [r for r in rows if "eval/accuracy" in r]
     train_rows = [r for r in rows if "train/reward_mean" in r]
     summary = {"eval/accuracy_before": evals[0]["eval/accuracy"] if evals else None,
-               "eval/accuracy_after": final["eval/accuracy"], "rounds": cfg.rounds,
-               "samples": cfg.rounds * a.n_inference, "sampler": sampler.name, "algorithm": a.name,
+               "eval/accuracy_after": final["eval/accuracy"], "rounds": round_, "samples": samples_done,
+               "unused_samples": sum(r.get("algorithm/unused_samples", 0) for r in train_rows),
+               "sampler": sampler.name, "algorithm": a.name,
                "time/total_s": time.perf_counter() - t_start,
                "time/rounds_s_total": sum(r["time/round_s"] for r in train_rows),
                **{f"time/{p}_s_total": sum(r[f"time/{p}_s"] for r in train_rows) for p in (*PHASES, "other")},
+               **{f"{k}_avg": sum(r[k] for r in train_rows) / len(train_rows)   # over all steps (paper Table 3)
+                  for k in ("iw/staleness", "iw/log_w_mean") if train_rows and k in train_rows[0]},
                **{f"{k}_max": max(r[k] for r in train_rows if k in r)
                   for k in sorted({k for r in train_rows for k in r if k.startswith("mem/") and k != "mem/peak_is_process"})}}
     if distributed.is_main():

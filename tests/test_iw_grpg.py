@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rapid.iw_grpg import group_advantages, iw_grpg_loss, masked_mean, sequence_logprobs
+from rapid.iw_grpg import group_advantages, iw_grpg_loss, masked_mean, normalized_ess, sequence_logprobs
 
 F64 = dict(rtol=0.0, atol=1e-12)
 F32 = dict(rtol=0.0, atol=1e-6)
@@ -126,7 +126,7 @@ def test_on_policy_equals_plain_grpg():
     (grad,) = torch.autograd.grad(loss, logp)
     eq2 = np_advantages(rewards.numpy(), ids.numpy())  # w = 1: Eq. 4 is Eq. 2
     torch.testing.assert_close(grad.double(), torch.from_numpy(-eq2 / len(logp)), **F32)
-    assert stats["clip_frac"] == 0.0 and stats["staleness"] == 0.0
+    assert stats["clip_frac"] == 0.0 and stats["staleness"] == 0.0 and stats["log_w_mean"] == 0.0
     assert stats["iw_mean"] == 1.0 and stats["iw_max"] == 1.0
 
 
@@ -143,6 +143,8 @@ def test_surrogate_gradient_is_eq3(normalizer: float | None, leave_one_out: bool
     w_bar = np.minimum(w, eta)
     assert 0 < (w > eta).sum() < len(w)  # clipping really happens, but not everywhere
     assert stats["clip_frac"] == pytest.approx((w > eta).mean(), abs=1e-12)
+    assert stats["log_w_mean"] == pytest.approx(np.log(w_bar).mean(), abs=1e-12)
+    assert stats["staleness"] == pytest.approx(np.abs(np.log(w_bar)).mean(), abs=1e-12)
     adv = np_advantages(rewards.numpy(), ids.numpy(), w_bar, leave_one_out)
     b = len(w) if normalizer is None else normalizer
     torch.testing.assert_close(grad, torch.from_numpy(-w_bar * adv / b), **F64)
@@ -160,18 +162,108 @@ def test_stats_by_hand():
     # baseline Σ w̄R / 4 = (2 + 1)/4 = 0.75 -> A = 0.25, -0.75, 0.25, -0.75
     assert s["clip_frac"] == pytest.approx(0.25, abs=1e-12)
     assert s["staleness"] == pytest.approx((2 * math.log(2) + math.log(1.5)) / 4, abs=1e-12)
+    # signed: (ln 2 − ln 2 + 0 + ln 1.5) / 4 = ln 1.5 / 4
+    assert s["log_w_mean"] == pytest.approx(math.log(1.5) / 4, abs=1e-12)
     assert s["iw_mean"] == pytest.approx((4 + 0.5 + 1 + 1.5) / 4, abs=1e-12)
     assert s["iw_max"] == pytest.approx(4.0, abs=1e-12)
     assert s["adv_mean"] == pytest.approx(-0.25, abs=1e-12)
     assert s["adv_abs_mean"] == pytest.approx(0.5, abs=1e-12)
+    # moments of w̄: (2 + 0.5 + 1 + 1.5)/4 = 1.25, (4 + 0.25 + 1 + 2.25)/4 = 1.875;
+    # ESS/B = (Σ w̄)² / (B Σ w̄²) = 5² / (4 · 7.5) = 5/6
+    assert s["w_bar_mean"] == pytest.approx(1.25, abs=1e-12)
+    assert s["w_bar_sq_mean"] == pytest.approx(1.875, abs=1e-12)
+    assert normalized_ess(s["w_bar_mean"], s["w_bar_sq_mean"]) == pytest.approx(5 / 6, abs=1e-12)
 
     _, s = iw_grpg_loss(logp, logp_mu, rewards, ids, eta=None)
     # no clipping: |log w| = ln 4, ln 2, 0, ln 1.5; baseline (4 + 1)/4 = 1.25
     # A = -0.25, -1.25, -0.25, -1.25 -> mean -0.75, |A| mean 0.75
     assert s["clip_frac"] == 0.0
     assert s["staleness"] == pytest.approx((3 * math.log(2) + math.log(1.5)) / 4, abs=1e-12)
+    # signed: (ln 4 − ln 2 + 0 + ln 1.5) / 4 = (ln 2 + ln 1.5) / 4
+    assert s["log_w_mean"] == pytest.approx((math.log(2) + math.log(1.5)) / 4, abs=1e-12)
     assert s["adv_mean"] == pytest.approx(-0.75, abs=1e-12)
     assert s["adv_abs_mean"] == pytest.approx(0.75, abs=1e-12)
+    # unclipped: Σ w = 7, Σ w² = 16 + 0.25 + 1 + 2.25 = 19.5 -> ESS/B = 49 / 78
+    assert normalized_ess(s["w_bar_mean"], s["w_bar_sq_mean"]) == pytest.approx(49 / 78, abs=1e-12)
+
+
+def test_normalized_ess_extremes_and_micro_batch_moments():
+    assert normalized_ess(1.0, 1.0) == 1.0                       # on-policy: every w̄ = 1
+    # one weight of 2 and three of 0 (B = 4): (Σ w̄)² / (B Σ w̄²) = 4 / (4 · 4) = 1/4 = 1/B
+    assert normalized_ess(2 / 4, 4 / 4) == pytest.approx(0.25, abs=1e-15)
+    assert normalized_ess(0.0, 0.0) == 0.0
+    # the moments of a minibatch are the size-weighted means of its micro-batches' moments
+    logp, logp_mu, rewards, ids = random_batch(4, n_groups=6, group_size=4)
+    _, full = iw_grpg_loss(logp, logp_mu, rewards, ids, eta=2.0)
+    w_bar = np.minimum(np.exp(logp.numpy() - logp_mu.numpy()), 2.0)
+    assert normalized_ess(full["w_bar_mean"], full["w_bar_sq_mean"]) == \
+        pytest.approx(w_bar.sum() ** 2 / (len(w_bar) * (w_bar ** 2).sum()), abs=1e-12)
+    m1 = m2 = 0.0
+    for chunk in (ids.unique()[:2], ids.unique()[2:]):            # 8 and 16 of the 24 records
+        idx = torch.isin(ids, chunk).nonzero().squeeze(1)
+        _, s = iw_grpg_loss(logp[idx], logp_mu[idx], rewards[idx], ids[idx], eta=2.0)
+        m1, m2 = m1 + s["w_bar_mean"] * len(idx) / 24, m2 + s["w_bar_sq_mean"] * len(idx) / 24
+    assert (m1, m2) == (pytest.approx(full["w_bar_mean"], abs=1e-12), pytest.approx(full["w_bar_sq_mean"], abs=1e-12))
+
+
+# One group of four: w = 4, 0.5, 1, 1.5 (η = 2 clips the first to 2), R = 1, 0, 1, 0.
+ABL_MU = t64([-2.0, -1.0, -3.0, -1.5])
+ABL_LOGP = ABL_MU + t64([math.log(4.0), math.log(0.5), 0.0, math.log(1.5)])
+ABL_R, ABL_IDS = t64([1.0, 0.0, 1.0, 0.0]), torch.zeros(4, dtype=torch.long)
+
+
+@pytest.mark.parametrize(
+    "iw_baseline, iw_gradient, coef",
+    [
+        # w̄ = 2, 0.5, 1, 1.5; Eq. 4 baseline Σ w̄R / 4 = (2 + 1)/4 = 0.75 -> A = 0.25, -0.75, 0.25, -0.75
+        # w̄·A = 0.5, -0.375, 0.25, -1.125
+        (True, True, [0.5, -0.375, 0.25, -1.125]),
+        # plain baseline (1 + 0 + 1 + 0)/4 = 0.5 -> A = 0.5, -0.5, 0.5, -0.5; w̄·A = 1, -0.25, 0.5, -0.75
+        (False, True, [1.0, -0.25, 0.5, -0.75]),
+        # Eq. 4 baseline, no weight in the gradient: coefficient = A = 0.25, -0.75, 0.25, -0.75
+        (True, False, [0.25, -0.75, 0.25, -0.75]),
+        # both off: Eq. 2 on μ's samples, the weights play no part: 0.5, -0.5, 0.5, -0.5
+        (False, False, [0.5, -0.5, 0.5, -0.5]),
+    ],
+)
+def test_ablation_switches_by_hand(iw_baseline: bool, iw_gradient: bool, coef: list[float]):
+    logp = ABL_LOGP.clone().requires_grad_()
+    loss, s = iw_grpg_loss(logp, ABL_MU, ABL_R, ABL_IDS, eta=2.0,
+                           iw_baseline=iw_baseline, iw_gradient=iw_gradient)
+    (grad,) = torch.autograd.grad(loss, logp)
+    torch.testing.assert_close(grad, -t64(coef) / 4, **F64)  # ∂loss/∂logp_n = −coef_n / B
+    assert loss.item() == pytest.approx(-(t64(coef) * ABL_LOGP).sum().item() / 4, abs=1e-12)
+    assert s["clip_frac"] == pytest.approx(0.25, abs=1e-12)  # the weights are measured either way
+
+
+def test_ablation_switches_with_leave_one_out_by_hand():
+    # w̄R = 2, 0, 1, 0. Leave-one-out Eq. 4 baselines: (0+1+0)/3, (2+1+0)/3, (2+0+0)/3, (2+0+1)/3
+    #   = 1/3, 1, 2/3, 1 -> A = 2/3, -1, 1/3, -1
+    # iw_baseline=False: plain leave-one-out baselines (0+1+0)/3, (1+1+0)/3, (1+0+0)/3, (1+0+1)/3
+    #   = 1/3, 2/3, 1/3, 2/3 -> A = 2/3, -2/3, 2/3, -2/3
+    for iw_baseline, adv in ((True, [2 / 3, -1.0, 1 / 3, -1.0]), (False, [2 / 3, -2 / 3, 2 / 3, -2 / 3])):
+        for iw_gradient, weight in ((True, [2.0, 0.5, 1.0, 1.5]), (False, [1.0, 1.0, 1.0, 1.0])):
+            logp = ABL_LOGP.clone().requires_grad_()
+            loss, _ = iw_grpg_loss(logp, ABL_MU, ABL_R, ABL_IDS, eta=2.0, leave_one_out=True,
+                                   iw_baseline=iw_baseline, iw_gradient=iw_gradient)
+            (grad,) = torch.autograd.grad(loss, logp)
+            torch.testing.assert_close(grad, -t64(weight) * t64(adv) / 4, **F64)
+
+
+def test_clipped_mass_by_hand():
+    # η = 2: A = 0.25, -0.75, 0.25, -0.75 (above); w|A| = 1, 0.375, 0.25, 1.125 -> Σ = 2.75;
+    # only w = 4 is clipped: (4 − 2)·0.25 = 0.5 -> 0.5 / 2.75 = 2/11
+    _, s = iw_grpg_loss(ABL_LOGP, ABL_MU, ABL_R, ABL_IDS, eta=2.0)
+    assert s["clipped_mass"] == pytest.approx(2 / 11, abs=1e-12)
+    # η = 1.2 clips w = 4 and 1.5: w̄ = 1.2, 0.5, 1, 1.2; baseline (1.2 + 1)/4 = 0.55
+    # A = 0.45, -0.55, 0.45, -0.55; w|A| = 1.8, 0.275, 0.45, 0.825 -> Σ = 3.35
+    # removed: (4 − 1.2)·0.45 + (1.5 − 1.2)·0.55 = 1.26 + 0.165 = 1.425 -> 1.425 / 3.35
+    _, s = iw_grpg_loss(ABL_LOGP, ABL_MU, ABL_R, ABL_IDS, eta=1.2)
+    assert s["clipped_mass"] == pytest.approx(1.425 / 3.35, abs=1e-12)
+    _, s = iw_grpg_loss(ABL_LOGP, ABL_MU, ABL_R, ABL_IDS, eta=None)  # nothing clipped
+    assert s["clipped_mass"] == 0.0
+    _, s = iw_grpg_loss(ABL_LOGP, ABL_MU, torch.ones(4, dtype=torch.float64), ABL_IDS, eta=2.0, iw_baseline=False)
+    assert s["clipped_mass"] == 0.0  # equal rewards, plain baseline: every A = 0, no mass to remove
 
 
 def test_huge_log_ratio_stays_finite():

@@ -3,10 +3,12 @@ import copy
 import pytest
 import torch
 
-from rapid.buffer import Rollout, collate
+from rapid.buffer import ReplayBuffer, Rollout, collate
 from rapid.iw_grpg import iw_grpg_loss, sequence_logprobs
-from rapid.policy import CompletionLogprobs, accumulate_gradients, completion_logprobs
+from rapid.policy import CompletionLogprobs, accumulate_gradients, completion_logprobs, recompute_behavior_logprobs
 from tests.helpers import encode, tiny_model
+
+CPU = torch.device("cpu")
 
 
 def make_rollouts(tokenizer, n_groups=3, group_size=4, seed=0):
@@ -88,3 +90,43 @@ def test_gradient_checkpointing_gives_the_same_gradient():
         grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
     assert grads[0].abs().max() > 0
     torch.testing.assert_close(grads[1], grads[0], atol=2e-6, rtol=1e-4)
+
+
+def test_recompute_runs_in_the_micro_batches_of_the_first_pass():
+    """In bf16 a record's log-probs depend on the batch it is computed in, so the recomputed log μ
+    must come from exactly the micro-batches accumulate_gradients will run: the same rows in the same
+    order. The sampler's log-probs are kept in logp_engine."""
+    model, tok = tiny_model()
+    records = make_rollouts(tok, n_groups=4)
+    engine = [list(r.logp_mu) for r in records]
+    buffer = ReplayBuffer()
+    buffer.add(records)
+    minibatches = buffer.minibatches(8, torch.Generator().manual_seed(3))     # 2 minibatches of 2 groups
+    assert [r.group_id for r in minibatches[0]] != [r.group_id for r in records[:8]]   # a shuffled order
+
+    seen = {"recompute": [], "train": []}
+
+    class Spy(CompletionLogprobs):
+        phase = "recompute"
+
+        def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask):
+            seen[self.phase].append(completion_ids.clone())
+            return super().forward(prompt_ids, prompt_mask, completion_ids, completion_mask)
+
+    policy = Spy(model, 1.0)
+    recompute_behavior_logprobs(policy, minibatches, micro_batch=8, pad_id=tok.pad_token_id, device=CPU,
+                                compute_dtype=torch.bfloat16)
+    policy.phase = "train"
+    logp = []
+    for mb in minibatches:
+        def loss_fn(token_logp, batch, n_records, n_tokens):
+            logp.append((token_logp.detach().float(), batch.logp_mu))
+            return token_logp.sum() * 0.0, {}
+        accumulate_gradients(policy, mb, loss_fn, micro_batch=8, pad_id=tok.pad_token_id, device=CPU,
+                             compute_dtype=torch.bfloat16)
+    assert len(seen["recompute"]) == len(seen["train"]) == 2
+    for a, b in zip(seen["recompute"], seen["train"]):
+        assert torch.equal(a, b)
+    for pi, mu in logp:                              # θ = μ: the first pass sees w = 1 exactly
+        assert torch.equal(pi, mu)
+    assert all(r.logp_engine == e for r, e in zip(records, engine))

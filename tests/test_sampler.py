@@ -99,3 +99,27 @@ def test_top_p_samples_only_from_the_nucleus():
     assert set(firsts) <= nucleus and len(set(firsts)) > 1
     for c in out[:20]:
         assert abs(c.logprobs[0] - math.log(probs[c.token_ids[0]] / mass)) < 1e-5
+
+
+def test_checkpoint_generation_config_does_not_change_the_sampled_distribution():
+    """Instruct checkpoints ship a generation_config (repetition_penalty, top_k, top_p, ...). The
+    sampler must draw from exactly softmax(logits / T) and record its log-probs, ignoring all of it:
+    otherwise log μ is the processed distribution while log π_θ is not."""
+    model, tok = tiny_model()
+    model.generation_config.update(do_sample=True, temperature=0.6, repetition_penalty=1.3, top_k=5, top_p=0.5,
+                                   no_repeat_ngram_size=2)
+    prompts = encode(tok, PROMPTS)
+    out = HFSampler(model, tok, batch_size=16).generate(prompts, n=4, max_new_tokens=30, temperature=1.0, seeds=[1, 2, 3])
+    records = [Rollout(p, c.token_ids, c.logprobs, 0.0, i, False) for i, (p, g) in enumerate(zip(prompts, out)) for c in g]
+    batch = collate(records, tok.pad_token_id)
+    with torch.no_grad():
+        trainer = completion_logprobs(CompletionLogprobs(model, 1.0), batch)
+    diff = (trainer - batch.logp_mu).abs()[batch.completion_mask]
+    assert diff.max() < 1e-4, diff.max()
+    # top_k = 5 would forbid tokens ranked 5th or lower at their position; exact sampling draws some
+    ranks = []
+    with torch.no_grad():
+        for r in records:
+            logits = model(input_ids=torch.tensor([r.prompt_ids + r.completion_ids])).logits[0, len(r.prompt_ids) - 1:-1]
+            ranks += (logits > logits.gather(-1, torch.tensor(r.completion_ids)[:, None])).sum(-1).tolist()
+    assert max(ranks) >= 5, max(ranks)

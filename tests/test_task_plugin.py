@@ -26,7 +26,9 @@ def reward(completion, record):
 
 
 def test_get_task_by_module_and_its_errors(tmp_path, monkeypatch):
-    assert get_task("arithmetic") is arithmetic and get_task("anything", "rapid.tasks.arithmetic") is arithmetic
+    assert get_task("arithmetic") is arithmetic and get_task("arithmetic", "rapid.tasks.arithmetic") is arithmetic
+    with pytest.raises(ConfigError, match="task.name=math does not match task.module=rapid.tasks.arithmetic"):
+        get_task("math", "rapid.tasks.arithmetic")     # a built-in module keeps its own name
     (tmp_path / "half_task.py").write_text("def load(split, **cfg):\n    return []\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ConfigError, match="half_task lacks build_prompts, reward"):

@@ -41,21 +41,22 @@ runpy.run_module("rapid.train", run_name="__main__", alter_sys=True)
 
 TRAIN_KEYS = ("round", "samples", "epoch", "train/reward_mean", "train/accuracy", "train/completion_len",
               "train/truncated_frac", "train/loss", "train/grad_norm", "train/lr", "iw/clip_frac",
-              "iw/staleness", "iw/mean", "iw/max", "time/generate_s", "time/reward_s", "time/train_s",
+              "iw/staleness", "iw/log_w_mean", "iw/mean", "iw/max", "time/generate_s", "time/reward_s", "time/train_s",
               "time/sync_s", "time/recompute_s", "time/other_s", "time/round_s", "sampler/tokens_per_s", "wall_s",
               "mem/generate_rss_mib", "mem/reward_rss_mib", "mem/train_rss_mib", "mem/sync_rss_mib")
 EVAL_KEYS = ("round", "eval/accuracy", "eval/reward_mean", "eval/completion_len", "eval/n", "time/eval_s")
 SUMMARY_KEYS = ("eval/accuracy_before", "eval/accuracy_after", "rounds", "samples", "sampler", "algorithm",
                 "time/total_s", "time/generate_s_total", "time/reward_s_total", "time/train_s_total",
                 "time/sync_s_total", "time/recompute_s_total", "time/other_s_total", "time/rounds_s_total",
-                "mem/train_rss_mib_max")
+                "mem/train_rss_mib_max", "iw/staleness_avg", "iw/log_w_mean_avg")
 
 
 # ----------------------------------------------------------------------------- helpers
 
 def is_timing(key: str) -> bool:
     """Wall-clock and memory measurements: the only values allowed to differ between equivalent runs."""
-    return key.startswith(("time/", "mem/")) or key in ("wall_s", "sampler/tokens_per_s")
+    return key.startswith(("time/", "mem/")) or key in ("wall_s", "sampler/tokens_per_s", "algorithm/gen_alpha_s",
+                                                         "algorithm/predicted_s_per_sample")
 
 
 def env_for(tmp: Path, **extra: str) -> dict[str, str]:
@@ -70,10 +71,11 @@ def env_for(tmp: Path, **extra: str) -> dict[str, str]:
 
 def command(args: list[str], tmp: Path, *, shaped: bool = False, nproc: int = 1) -> list[str]:
     """argv of `python -m rapid.train <args>` (through SHAPED_LAUNCHER if `shaped`, torchrun if nproc > 1)."""
-    if shaped:
+    if shaped:   # the shaped reward credits any digit, so arithmetic's reward self-test would (rightly) refuse it
         launcher = tmp / "shaped_launcher.py"
         launcher.write_text(SHAPED_LAUNCHER)
         entry = [str(launcher)]
+        args = [*args, "reward.self_test=0"]
     else:
         entry = ["-m", "rapid.train"]
     if nproc > 1:
@@ -186,6 +188,7 @@ def test_smoke_run_writes_config_metrics_summary(tmp_path):
         assert r["iw/mean"] == pytest.approx(1.0, abs=1e-4)
         assert 1.0 <= r["iw/max"] < 1.0 + 1e-4
         assert 0.0 <= r["iw/staleness"] < 1e-4 and r["iw/clip_frac"] == 0.0
+        assert abs(r["iw/log_w_mean"]) <= r["iw/staleness"] + 1e-12
     assert [r["wall_s"] for r in trains] == sorted(r["wall_s"] for r in trains)
     for r in evals:
         assert set(EVAL_KEYS) <= set(r) and r["eval/n"] == 16 and 0.0 <= r["eval/accuracy"] <= 1.0
@@ -206,6 +209,7 @@ def test_smoke_run_writes_config_metrics_summary(tmp_path):
     assert summary["time/total_s"] >= trains[-1]["wall_s"]
     assert summary["time/rounds_s_total"] == pytest.approx(sum(r["time/round_s"] for r in trains))
     assert summary["mem/train_rss_mib_max"] == max(r["mem/train_rss_mib"] for r in trains)
+    assert summary["iw/log_w_mean_avg"] == pytest.approx(sum(r["iw/log_w_mean"] for r in trains) / 3, abs=1e-12)
 
     # logger.rollouts: every round's 16 samples, in the order trained, with their prompt's training index
     samples = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
@@ -259,6 +263,67 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.slow
+def test_auto_h_moves_stops_early_and_resumes(tmp_path):
+    """algorithm.H=auto on the tiny model with a learnable reward (lr 1e-2, so the policy moves fast):
+    H grows from 1 while the importance weights stay fresh, shrinks when they go stale, a round whose
+    ESS falls below the floor stops early, and the sample budget is spent exactly. With
+    cost_tolerance=0 the choice depends on the weights alone, so a run resumed from a mid-run
+    checkpoint repeats the same H sequence and ends with the same weights."""
+    budget, n_step = 192, 8
+    overrides = ["+experiment=smoke", "device=cpu", "algorithm.H=auto", f"samples={budget}", "algorithm.auto_h.max=8",
+                 "algorithm.auto_h.cost_tolerance=0", "algorithm.auto_h.ess_floor=0.45", "optim.lr=1e-2",
+                 "eval.every=0", "eval.every_samples=64", "ckpt.every=2", "ckpt.keep=20"]
+    run_a = tmp_path / "a"
+    launch([*overrides, f"hydra.run.dir={run_a}"], tmp_path, shaped=True)
+    cfg = yaml.safe_load((run_a / "config.yaml").read_text())
+    assert (cfg["algorithm"]["H"], cfg["algorithm"]["n_inference"], cfg["rounds"], cfg["samples"]) == \
+        ("auto", "auto", None, budget)
+    rows_a = read_rows(run_a)
+    trains = train_rows(rows_a)
+    hs = [r["algorithm/H"] for r in trains]
+    assert hs[0] == 1 and max(hs) >= 4, hs                                       # starts at min, grows
+    assert any(b < a for a, b in zip(hs, hs[1:])), hs                             # and shrinks
+    samples = 0
+    for r, nxt in zip(trains, trains[1:] + [None]):
+        samples += r["algorithm/H"] * n_step
+        assert r["samples"] == samples                                           # generated, cumulative
+        assert r["algorithm/steps"] * n_step + r["algorithm/unused_samples"] == r["algorithm/H"] * n_step
+        if r["algorithm/unused_samples"]:       # stopped: the step below the floor was measured, not applied
+            assert r["algorithm/ess_last"] < 0.45 and r["algorithm/steps"] < r["algorithm/H"]
+        else:
+            assert r["algorithm/ess_last"] >= 0.45 and r["algorithm/steps"] == r["algorithm/H"]
+        assert 1 <= r["algorithm/next_H"] <= min(8, 2 * r["algorithm/H"], r["algorithm/next_H_ess"])
+        if nxt is not None:                     # the next round runs the chosen H, cut to the budget left
+            assert nxt["algorithm/H"] == min(r["algorithm/next_H"], (budget - samples) // n_step)
+        # the cosine schedule runs over budget / n_step = 24 steps indexed by samples generated: the
+        # row's lr is that of its last applied step
+        step = (r["samples"] - r["algorithm/H"] * n_step) // n_step + r["algorithm/steps"] - 1
+        assert r["train/lr"] == pytest.approx(1e-2 * 0.5 * (1 + math.cos(math.pi * step / 24)), rel=1e-6)
+    assert samples == budget and any(r["algorithm/unused_samples"] for r in trains)
+    # eval.every_samples=64: after the rounds that cross 64, 128 and 192 samples, and before training
+    crossing = [r["round"] for r in trains if r["samples"] // 64 > (r["samples"] - r["algorithm/H"] * n_step) // 64]
+    assert [r["round"] for r in eval_rows(rows_a)] == [0, *crossing] and len(crossing) == 3
+    summary = json.loads((run_a / "summary.json").read_text())
+    assert (summary["samples"], summary["rounds"]) == (budget, len(trains))
+    assert summary["unused_samples"] == sum(r["algorithm/unused_samples"] for r in trains) > 0
+    last = sorted((run_a / "checkpoints").iterdir())[-1]
+    assert torch.load(last / "state.pt", weights_only=False)["auto_h"]["H"] == trains[-1]["algorithm/next_H"]
+
+    # B: the state of run A killed during round 5
+    run_b = tmp_path / "b"
+    shutil.copytree(run_a, run_b)
+    for ckpt in (run_b / "checkpoints").iterdir():
+        if ckpt.name > "round_000004":
+            shutil.rmtree(ckpt)
+    (run_b / "summary.json").unlink()
+    (run_b / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_a if r["round"] <= 4))
+    proc = launch([f"resume={run_b}", f"hydra.run.dir={tmp_path / 'resume_hydra'}"], tmp_path, shaped=True)
+    assert "at round 4" in proc.stdout
+    assert_rows_equal([r for r in read_rows(run_b) if r["round"] > 4], [r for r in rows_a if r["round"] > 4])
+    assert_same_weights(final_weights(run_b, len(trains)), final_weights(run_a, len(trains)), atol=1e-6)
+
+
+@pytest.mark.slow
 def test_ddp_two_ranks_match_single_process(tmp_path):
     # H = 1: one gradient step per round on the whole round (16 records, 4 prompts); on 2 ranks
     # each takes 2 prompts and 2 micro-batches of one group; DDP averages the two halves.
@@ -294,10 +359,29 @@ def test_ddp_two_ranks_match_single_process(tmp_path):
 
 
 @pytest.mark.slow
+def test_auto_h_under_ddp(tmp_path):
+    """Two ranks with H=auto: every rank decides H and early stops from the ESS of the whole minibatch
+    (moments all-reduced) and from phase times averaged over ranks, so all take the same number of
+    steps. Ranks that disagreed would issue different collectives (DDP's gradient all-reduce, the ESS
+    all-reduce) and the run would hang or fail; here it finishes with H moving and rounds stopped early."""
+    run = tmp_path / "ddp"
+    launch(["+experiment=smoke", "device=cpu", "algorithm.H=auto", "samples=96", "algorithm.auto_h.max=8",
+            "algorithm.auto_h.ess_target=0.9", "algorithm.auto_h.ess_floor=0.8", "train.micro_batch=4",
+            "optim.lr=1e-2", "eval.every=0", "ckpt.every=0", f"hydra.run.dir={run}"], tmp_path, shaped=True, nproc=2)
+    assert json.loads((run / "meta.json").read_text())["world_size"] == 2
+    rows = train_rows(read_rows(run))
+    assert len({r["algorithm/H"] for r in rows}) >= 2 and any(r["algorithm/unused_samples"] for r in rows)
+    assert sum(r["algorithm/H"] for r in rows) * 8 == rows[-1]["samples"] == 96
+    assert all(r["algorithm/steps"] * 8 + r["algorithm/unused_samples"] == r["algorithm/H"] * 8 for r in rows)
+
+
+@pytest.mark.slow
 def test_invalid_config_one_sentence(tmp_path):
     cases = {"n_step": (["algorithm.n_step=6", "algorithm.n_group=4"], ("n_step=6", "n_group=4")),
              "n_inference": (["algorithm.n_inference=100"], ("n_inference=100", "H * n_step")),
-             "cuda": (["device=cuda"], ("device=cuda", "GPU"))}
+             "cuda": (["device=cuda"], ("device=cuda", "GPU")),
+             "top_p": (["sampler.top_p=0.9"], ("sampler.top_p=0.9", "top_p=1.0")),
+             "correction": (["algorithm.engine_correction=token"], ("engine_correction=token", "recompute"))}
     if torch.cuda.is_available():
         del cases["cuda"]
     results = launch_all({name: ["+experiment=smoke", *overrides, f"hydra.run.dir={tmp_path / name}"]
@@ -406,6 +490,22 @@ def test_baselines_run_in_the_same_loop(tmp_path, algorithm, keys):
     if algorithm == "grpo":                                 # the policy moves away from the reference
         assert rows[-1]["loss/kl_mean"] > 0
     assert sum(r["train/reward_mean"] for r in rows[-2:]) / 2 > rows[0]["train/reward_mean"]
+
+
+@pytest.mark.slow
+def test_bf16_recomputes_log_mu_and_corrects_for_the_engine(tmp_path):
+    """model.dtype=bfloat16 resolves behavior_logprobs=auto to recompute (the saved config says so),
+    so the first step's weights are exactly 1; engine_correction logs its statistics."""
+    run = tmp_path / "run"
+    launch(["+experiment=smoke", "model.dtype=bfloat16", "algorithm.H=1", "algorithm.engine_correction=sequence",
+            "rounds=2", "eval.every=0", "ckpt.every=0", f"hydra.run.dir={run}"], tmp_path, shaped=True)
+    assert yaml.safe_load((run / "config.yaml").read_text())["algorithm"]["behavior_logprobs"] == "recompute"
+    rows = train_rows(read_rows(run))
+    for r in rows:
+        assert r["time/recompute_s"] > 0 and r["train/grad_norm"] > 0
+        assert r["iw/staleness"] < 1e-3 and abs(r["iw/log_w_mean"]) < 1e-3    # recomputed: w = 1 at θ = μ
+        assert r["sampler/logprob_mismatch"] > 0                             # the bf16 sampler/trainer gap
+        assert 0.5 < r["sampler/correction_ratio_mean"] < 2 and 0 <= r["sampler/correction_trunc_frac"] <= 1
 
 
 def test_lr_schedule_spans_every_pass(tmp_path):

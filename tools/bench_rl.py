@@ -1,12 +1,13 @@
-"""Wall time of RL fine-tuning, side by side in one invocation: RAPID with H in {1 (= PG), 2, 4, 8, 16},
-GRPO, and Hugging Face TRL's GRPOTrainer, on the same model, task, number of samples and completion
-length; then the floors of the RAPID H = 8 run.
+"""Wall time of RL fine-tuning, side by side in one invocation: RAPID with H in {1 (= PG), 2, 4, 8, 16}
+(and `auto`, H chosen every round), GRPO, and Hugging Face TRL's GRPOTrainer, on the same model, task,
+number of samples and completion length; then the floors of the RAPID H = 8 run.
 
     python tools/bench_rl.py                                   # CPU: the default run's model and task (make bench-rl)
     python tools/bench_rl.py --samples 2048 --seeds 0 1 2 model=qwen2.5_0.5b task=math   # any overrides
     python tools/bench_rl.py --nproc 4 ...                     # rapid under torchrun (DDP, one engine per rank)
     python tools/bench_rl.py --throughput-only ...             # random Qwen2.5-0.5B, fixed-length completions
     python tools/bench_rl.py --floors outputs/<run>            # only the floors of one run (logger.rollouts=true)
+    python tools/bench_rl.py --h 1 2 4 8 16 auto --no-grpo --no-trl --no-floors   # fixed H against H=auto
 
 Each method is a fresh process (`python -m rapid.train`, `tools/trl_grpo.py`) with the same Hydra
 overrides, `rounds` chosen so that every method trains on `--samples` samples; evaluation runs before
@@ -55,9 +56,14 @@ REPO = Path(__file__).resolve().parents[1]
 PHASES = ("generate", "reward", "recompute", "train", "sync", "other")
 
 
+def fixed_h(hs: list) -> list[int]:
+    """The fixed H among --h (without auto)."""
+    return [h for h in hs if h != "auto"]
+
+
 def method_list(hs: list[int], grpo: bool, trl: bool) -> list[dict]:
-    methods = [{"name": "PG" if h == 1 else f"RAPID H={h}", "key": f"rapid_h{h}",
-                "overrides": ["algorithm=rapid", f"algorithm.H={h}"]} for h in hs]
+    methods = [{"name": "PG" if h == "1" else f"RAPID H={h}", "key": f"rapid_h{h}",
+                "overrides": ["algorithm=rapid", f"algorithm.H={h}"]} for h in map(str, hs)]
     if grpo:
         methods.append({"name": "GRPO", "key": "grpo", "overrides": ["algorithm=grpo"]})
     if trl:
@@ -79,13 +85,15 @@ def composed(overrides: list[str]):
 def run_method(method: dict, seed: int, samples: int, common: list[str], out: Path, nproc: int, floors: bool,
                reuse: bool = False, eval_every_samples: int = 0, report_only: bool = False) -> dict | None:
     cfg = composed(common + method["overrides"])
-    per_round = cfg.algorithm.H * cfg.algorithm.n_step
+    auto = cfg.algorithm.H == "auto"            # H=auto: a sample budget, evaluations every so many samples
+    per_round = cfg.algorithm.n_step if auto else cfg.algorithm.H * cfg.algorithm.n_step
     if samples % per_round or eval_every_samples % per_round:
         raise SystemExit(f"--samples {samples} and --eval-every-samples {eval_every_samples} must be multiples of "
                          f"{method['name']}'s {per_round} samples per round")
     run_dir = out / "runs" / f"{method['key']}_s{seed}"
-    args = [*common, *method["overrides"], f"rounds={samples // per_round}", f"seed={seed}",
-            f"eval.every={eval_every_samples // per_round}",
+    length = [f"samples={samples}", "eval.every=0", f"eval.every_samples={eval_every_samples}"] if auto else \
+        [f"rounds={samples // per_round}", f"eval.every={eval_every_samples // per_round}"]
+    args = [*common, *method["overrides"], *length, f"seed={seed}",
             "ckpt.every=0", "logger.progress=false", f"logger.rollouts={str(floors).lower()}"]
     if method.get("trl"):
         cmd = [sys.executable, str(REPO / "tools" / "trl_grpo.py"), "--out", str(run_dir), *args]
@@ -111,7 +119,8 @@ def run_method(method: dict, seed: int, samples: int, common: list[str], out: Pa
             raise SystemExit(f"{method['name']} failed (exit {proc.returncode}); see {log}")
     summary = json.loads((run_dir / "summary.json").read_text())
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)    # the final model is not needed here
-    row = {"method": method["name"], "seed": seed, "samples": summary["samples"],
+    row = {"method": method["name"], "seed": seed, "samples": summary["samples"], "rounds": summary.get("rounds"),
+           "unused_samples": summary.get("unused_samples", 0),
            "process_s": None if done else time.perf_counter() - t0, **result_row(summary), **run_facts(run_dir, summary)}
     print(f"    {row['s_per_1k']:.1f} s per 1000 samples, accuracy {row['accuracy_after']:.3f}", flush=True)
     if floors:
@@ -378,7 +387,7 @@ def predict_runs(rows: list[dict], cm: dict) -> None:
         meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
         cfg = OmegaConf.load(run_dir / "config.yaml")
         a = cfg.algorithm
-        if meta.get("world_size", 1) > 1 or a.get("dynamic_sampling", False):
+        if meta.get("world_size", 1) > 1 or a.get("dynamic_sampling", False) or a.H == "auto":
             continue                                      # one process, a fixed number of samples per round
         pred = model.predict(cm, H=a.H, n_step=a.n_step, n_group=a.n_group, micro_batch=cfg.train.micro_batch,
                              completion_len=row["completion_len"],
@@ -403,7 +412,8 @@ def cost_model_for(args, overrides: list[str], rows: list[dict], n_inferences: l
     largest = max(n_inferences)
     sizes = sorted({2 ** k for k in range(largest.bit_length()) if 2 ** k <= largest} | set(n_inferences))
     cmd = [sys.executable, str(REPO / "tools" / "cost_model.py"), *overrides, "--completion-len",
-           f"{sum(lengths) / len(lengths):.1f}", "--sizes", *map(str, sizes), "--h", *map(str, args.h), "--out", str(path)]
+           f"{sum(lengths) / len(lengths):.1f}", "--sizes", *map(str, sizes), "--h", *map(str, fixed_h(args.h)),
+           "--out", str(path)]
     print(f"\n=== cost model: {' '.join(cmd[1:])}", flush=True)
     log = args.out / "runs" / "cost_model.log"
     with log.open("w") as f:
@@ -529,7 +539,8 @@ def main() -> None:
     p.add_argument("overrides", nargs="*", help="Hydra overrides given to every method (model=..., task=...)")
     p.add_argument("--samples", type=int, default=512, help="training samples per method (a multiple of 16 * n_step)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--h", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="the H of the RAPID runs (1 = PG)")
+    p.add_argument("--h", type=lambda x: x if x == "auto" else int(x), nargs="+", default=[1, 2, 4, 8, 16],
+                   help="the H of the RAPID runs (1 = PG; auto = chosen every round, rapid/adaptive_h.py)")
     p.add_argument("--no-grpo", action="store_true")
     p.add_argument("--no-trl", action="store_true")
     p.add_argument("--no-floors", action="store_true", help="skip the floors of the RAPID H = 8 run")
@@ -576,6 +587,7 @@ def main() -> None:
     cm = None
     if not args.no_cost_model:
         configs = [composed(overrides + m["overrides"]) for m in methods if not m.get("trl")]
+        configs = [c for c in configs if c.algorithm.H != "auto"]     # H=auto: no fixed round size to model
         cm = cost_model_for(args, overrides, rows, [c.algorithm.n_inference // args.nproc for c in configs])
     if cm:
         predict_runs(rows, cm)
@@ -583,7 +595,7 @@ def main() -> None:
         lengths = [r["completion_len"] for r in rows if r.get("completion_len")]
         block = [model.predict(cm, H=h, n_step=configs[0].algorithm.n_step, n_group=configs[0].algorithm.n_group,
                                micro_batch=c.micro_batch, completion_len=sum(lengths) / len(lengths) if lengths else None,
-                               length_groups=shared_length_groups(rows, cm)) for h in sorted({1, *args.h})]
+                               length_groups=shared_length_groups(rows, cm)) for h in sorted({1, *fixed_h(args.h)})]
         cm["recommendation"] = "Cost model: " + model.recommendation_line(block)
     print("\n" + report(rows, meta, args.out, cm))
 

@@ -23,6 +23,9 @@ TASK_FUNCTIONS = ("load", "build_prompts", "reward")
 
 def get_task(name: str, module: str | None = None) -> ModuleType:
     """The module of a built-in task by `name`, or the module named by `module` (a plugin task)."""
+    if module is not None and module.startswith("rapid.tasks.") and module != f"rapid.tasks.{name}":
+        raise ConfigError(f"task.name={name} does not match task.module={module}: choose a built-in task with "
+                          f"task=<name> ({', '.join(TASKS)}), or point task.module at your own task's module")
     if module is None:
         if name not in TASKS:
             raise ConfigError(f"unknown task '{name}': choose one of {', '.join(TASKS)}, or set task.module to "

@@ -59,3 +59,8 @@ def build_prompts(records: list[dict], tokenizer, system: str = "", n_shots: int
 
 def reward(completion: str, record: dict) -> float:
     return boxed_number_reward(completion, record["answer"])
+
+
+def reference(record: dict) -> tuple[str, str]:
+    """(a completion that must score 1, one that must score 0) for the reward self-test."""
+    return f"The answer is \\boxed{{{record['answer']}}}.", f"The answer is \\boxed{{{int(record['answer']) + 1}}}."

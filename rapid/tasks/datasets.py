@@ -26,16 +26,35 @@ _HOW = (f"set task.data_path to a local JSON Lines file or folder, or {DATA_DIR_
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    """One dict per non-empty line of a JSON Lines file."""
+    """One dict per non-empty line of a JSON Lines file; one ConfigError sentence for a file that is
+    not UTF-8 text, a line that is not a JSON object, or a file with no records."""
     records = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ConfigError(f"{path}:{n} is not valid JSON ({e.msg}): fix or replace the file") from None
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise ConfigError(f"{path}:{n} is not valid JSON ({e.msg}): fix or replace the file") from None
+                    if not isinstance(records[-1], dict):
+                        raise ConfigError(f"{path}:{n} is not a JSON object (one record per line): fix or replace the file")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text (a binary file?): point the task at a JSON Lines file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a folder, not a JSON Lines file: point the task at the .jsonl file") from None
+    if not records:
+        raise ConfigError(f"{path} holds no records: point the task at a non-empty JSON Lines file")
     return records
+
+
+def require_fields(records: list[dict], fields: tuple[str, ...], task: str) -> None:
+    """One ConfigError sentence naming the first record that lacks one of `fields` (or holds null)."""
+    for n, r in enumerate(records, 1):
+        missing = [k for k in fields if r.get(k) is None]
+        if missing:
+            raise ConfigError(f"{task} record {n} lacks the field{'s' if len(missing) > 1 else ''} "
+                              f"{', '.join(missing)}: every record needs {', '.join(fields)} ({_HOW})")
 
 
 def load_split(task: str, split: str, files: Mapping[str, str], hub: Mapping[str, str],

@@ -18,6 +18,11 @@ from fractions import Fraction
 from rapid.config import ConfigError
 
 
+class GradingError(RuntimeError):
+    """The checker could not reach a verdict (it ran out of time, or its sandbox did not start): the
+    completion scores 0 and `rapid.rewards.score` counts it in train/reward_failures."""
+
+
 def last_boxed(text: str) -> str | None:
     """Content of the last \\boxed{...} (or \\fbox{...}) in `text`, braces balanced; None if absent."""
     start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
@@ -66,10 +71,20 @@ def boxed_number_reward(completion: str, answer: str) -> float:
 # math-verify's own timeouts use signal.alarm, which works only in the main thread of a process. We
 # disable them and run the check in a long-lived child interpreter instead: one per process, started
 # on first use, fed one JSON line per check; a check that overruns its time kills the child (the next
-# check starts a fresh one) and counts as "not equal". A subprocess (not multiprocessing) is used so
-# that this works in threads, in daemonic pool workers and after fork.
+# check starts a fresh one) and raises GradingError (scored 0, counted in train/reward_failures). A
+# subprocess (not multiprocessing) is used so that this works in threads, in daemonic pool workers and
+# after fork. The child stays in its parent's process group (a reward worker is killed with its
+# group) and asks the kernel to kill it when its parent dies (PR_SET_PDEATHSIG), so that a sympy
+# computation never outlives the grader: it may hold the GIL for minutes (huge powers, factorials).
 _SYMBOLIC_SERVER = r"""
-import json, logging, sys
+import json, logging, os, sys
+try:
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, 9)          # PR_SET_PDEATHSIG, SIGKILL
+except Exception:  # not Linux: the parent's kill on timeout and at exit still applies
+    pass
+if os.getppid() != int(sys.argv[1]):                        # the parent died before the line above
+    sys.exit(0)
 logging.disable(logging.CRITICAL)
 from math_verify import parse, verify
 sys.stdout.write("ready\n"); sys.stdout.flush()
@@ -84,7 +99,8 @@ for line in sys.stdin:
 
 
 class SymbolicChecker:
-    """`equal(gold, pred, timeout_s)`: math-verify's verdict on two LaTeX answers, False on timeout."""
+    """`equal(gold, pred, timeout_s)`: math-verify's verdict on two LaTeX answers; GradingError when
+    it takes longer than `timeout_s` seconds."""
 
     def __init__(self, startup_timeout_s: float = 120.0):
         self.startup_timeout_s = startup_timeout_s
@@ -104,12 +120,18 @@ class SymbolicChecker:
             if line is None:
                 self.timeouts += 1
                 self.close()
+                raise GradingError(f"math-verify took over {timeout_s:g} s")
             return line == "1"
 
     def close(self) -> None:
         if self._proc is not None and self._pid == os.getpid():
-            self._proc.kill()
-            self._proc.wait()
+            try:
+                self._proc.kill()
+                self._proc.wait(timeout=30)
+                self._proc.stdin.close()
+                self._proc.stdout.close()
+            except Exception:  # already gone: nothing to clean up
+                pass
         self._proc = None
 
     def _server(self) -> subprocess.Popen:
@@ -117,12 +139,12 @@ class SymbolicChecker:
             return self._proc
         if importlib.util.find_spec("math_verify") is None:
             raise ConfigError("symbolic answer checking needs math-verify: pip install math-verify")
-        self._proc = subprocess.Popen([sys.executable, "-I", "-c", _SYMBOLIC_SERVER], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._proc = subprocess.Popen([sys.executable, "-I", "-c", _SYMBOLIC_SERVER, str(os.getpid())],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self._pid = os.getpid()
         if self._readline(self._proc, self.startup_timeout_s) != "ready":
             self.close()
-            raise RuntimeError("the math-verify checker process did not start")
+            raise GradingError("the math-verify checker process did not start")
         return self._proc
 
     @staticmethod

@@ -14,7 +14,7 @@ import re
 from fractions import Fraction
 
 from rapid.tasks import encode_prompts
-from rapid.tasks.datasets import load_split
+from rapid.tasks.datasets import load_split, require_fields
 from rapid.tasks.grading import last_boxed, parse_number
 
 FILES = {"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"}
@@ -25,6 +25,7 @@ _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 def load(split: str, data_path: str | None = None, **_) -> list[dict]:
     """Records {"question", "answer" (worked solution), "final_answer"} of 'train' or 'test'."""
     records = load_split("gsm8k", split, FILES, HUB, data_path)
+    require_fields(records, ("question", "answer"), "gsm8k")
     for r in records:
         if "final_answer" not in r:
             found = re.search(r"#### (-?[0-9.,]+)", r["answer"])
@@ -53,3 +54,9 @@ def reward(completion: str, record: dict) -> float:
     """1.0 if the extracted answer equals the reference final answer, else 0.0."""
     got, want = extract_answer(completion), parse_number(record["final_answer"])
     return float(got is not None and want is not None and got == want)
+
+
+def reference(record: dict) -> tuple[str, str]:
+    """(the reference answer boxed, which must score 1; a different number boxed, which must score 0)."""
+    wrong = parse_number(record["final_answer"]) + 1 if parse_number(record["final_answer"]) is not None else 1
+    return f"The answer is \\boxed{{{record['final_answer']}}}.", f"The answer is \\boxed{{{wrong}}}."

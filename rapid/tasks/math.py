@@ -13,8 +13,8 @@ no box, no credit. It is equal to the reference answer when
    and spaces removed), or
 2. both are plain numbers (integers, decimals, fractions) with the same exact value, or
 3. math-verify (sympy) proves them equal: surds, tuples, intervals with their brackets,
-   expressions. This check runs in a separate process and counts as unequal after
-   `grading.timeout_s` seconds (`rapid.tasks.grading.SymbolicChecker`).
+   expressions. This check runs in a separate process; after `grading.timeout_s` seconds it
+   raises `GradingError` (scored 0 and counted in train/reward_failures by `rapid.rewards.score`).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import re
 
 from rapid.config import ConfigError
 from rapid.tasks import encode_prompts
-from rapid.tasks.datasets import load_split
+from rapid.tasks.datasets import load_split, require_fields
 from rapid.tasks.grading import SYMBOLIC, last_boxed, parse_number
 
 FILES = {"train": "math/train_12k.jsonl", "test": "math500/test.jsonl"}
@@ -37,10 +37,13 @@ def load(split: str, data_path: str | None = None, grading_timeout_s: float = 5.
     if importlib.util.find_spec("math_verify") is None:
         raise ConfigError("grading MATH needs math-verify: pip install math-verify")
     records = []
-    for r in load_split("math", split, FILES, HUB, data_path):
+    loaded = load_split("math", split, FILES, HUB, data_path)
+    require_fields(loaded, ("problem",), "math")
+    for r in loaded:
         answer = r.get("answer")
         if answer is None:                                   # sources without the field: derive it
-            answer = last_boxed(r.get("solution", "")) or ""
+            answer = last_boxed(str(r.get("solution", ""))) or ""
+        answer = answer if isinstance(answer, str) else str(answer)
         records.append({**r, "answer": answer, "grading": {"timeout_s": grading_timeout_s}})
     kept = [r for r in records if r["answer"].strip()]
     DROPPED[split] = len(records) - len(kept)
@@ -90,7 +93,7 @@ def normalize(answer: str) -> str:
     s = re.sub(r"\\[dt]frac", r"\\frac", s)
     s = re.sub(r"\\(left|right)(?![a-zA-Z])", "", s).replace("\\displaystyle", "")
     s = re.sub(r"(?<!\\)\\(,|;|:| |quad|qquad)(?![a-zA-Z])", " ", s)  # spacing commands
-    s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", "", s).replace("\\circ", "")      # degrees
+    s = re.sub(r"\^(?:\s*\{)?\s*\\circ\s*\}?", "", s).replace("\\circ", "")  # degrees (linear: one \s* run)
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
     s = re.sub(r"(\\(?:text|mbox|mathrm)\{\s[^{}]*\}\s*)+$", "", s)           # units: \text{ cm} at the end
     s = re.sub(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}", r"\1", s)       # other \text{...} wrappers
@@ -108,3 +111,8 @@ def normalize(answer: str) -> str:
     s = re.sub(r"\\sqrt(\d|[a-zA-Z](?![a-zA-Z]))", r"\\sqrt{\1}", s)        # \sqrt2
     s = re.sub(r"(?<![\d}])\.(\d)", r"0.\1", s)                              # .5
     return s
+
+
+def reference(record: dict) -> tuple[str, str]:
+    """(the reference solution, which must score 1; the same ending in a box no answer equals, which must score 0)."""
+    return record.get("solution") or f"\\boxed{{{record['answer']}}}", "The answer is \\boxed{\\text{none of these}}."

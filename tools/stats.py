@@ -1,0 +1,309 @@
+"""Statistics over seeds: per configuration, the mean, standard deviation and 95% bootstrap confidence
+interval of accuracy, training time, staleness and peak memory; and the Pearson correlations of H with
+accuracy, time and staleness, with p-values (the paper's Table 4).
+
+    python tools/stats.py multirun/2026-11-24_10-00-00                 # a Hydra multirun folder
+    python tools/stats.py experiments/results/bench_rl_cpu             # a tools/bench_rl.py output folder
+    python tools/stats.py multirun/<date> --out experiments/results/h_sweep_cpu   # + stats.md, stats.csv, correlations.csv
+
+Runs are the directories below the given paths that hold a metrics.jsonl or a summary.json (rapid:
+config.yaml, metrics.jsonl, summary.json; an `algorithm=sft` run counts as one, its stages inside).
+A run's configuration is its name without the seed (and without `eval.every`, which only says when
+it was evaluated): a multirun sub-directory `algorithm.H=8,seed=1` -> `algorithm.H=8`; a bench_rl run
+`rapid_h8_s1` -> `rapid_h8`; a directory named only by its seed (`seed1`) takes its parent's name.
+Per run:
+
+    accuracy      held-out accuracy after training (summary.json `eval/accuracy_after`, else the last eval row)
+    train_s       training wall time: the sum of `time/round_s` over the rounds (model loading, engine
+                  start-up and evaluation excluded); where rows lack it, the summary's
+                  `time/rounds_s_total` (TRL: trainer.train()) or `time/total_s` (SFT: distillation + SFT)
+    staleness     mean over rounds of `iw/staleness` (mean |log w̄| of each round's minibatches)
+    log_w_mean    mean over rounds of `iw/log_w_mean` (signed mean log w̄), where the run logs it
+    clipped_mass  mean over rounds of `iw/clipped_mass`, where logged
+    peak_rss_mib  the largest `mem/*_rss_mib` of any round (summary `peak_rss_mib` for TRL runs)
+
+Per configuration, over its seeds: mean, std (n − 1 in the denominator), and the 95% percentile
+bootstrap interval of the mean (10,000 resamples of the seeds, fixed generator; with 3 seeds it is
+coarse, and it is no wider than the range of the seeds). Correlations: Pearson's r over runs (one point
+per seed, not per configuration) of H (config `algorithm.H`) with accuracy, train_s and staleness, over
+the runs of the importance-weighted loss (RAPID at any H, PG = H 1; `--all-runs` takes every run with an
+H), and the two-sided p-value of t = r √((n−2)/(1−r²)) under Student's t with n − 2 degrees of
+freedom, computed here (regularised incomplete beta function; scipy is not needed).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+METRICS = ("accuracy", "train_s", "staleness", "log_w_mean", "clipped_mass", "peak_rss_mib")
+CORRELATED = ("accuracy", "train_s", "staleness")
+BOOTSTRAP_RESAMPLES = 10_000
+
+
+# ----------------------------------------------------------------------------- statistics
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz), x < (a + 1) / (a + b + 2)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def regularized_beta(a: float, b: float, x: float) -> float:
+    """I_x(a, b), the regularised incomplete beta function, for a, b > 0 and 0 <= x <= 1."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_two_sided_p(t: float, df: float) -> float:
+    """P(|T| >= |t|) for Student's t with df degrees of freedom: I_{df/(df+t²)}(df/2, 1/2)."""
+    if math.isinf(t):
+        return 0.0
+    return regularized_beta(df / 2.0, 0.5, df / (df + t * t))
+
+
+def pearson(x: list[float], y: list[float]) -> tuple[float, float, int]:
+    """Pearson's r, its two-sided p-value (t-test with n − 2 df) and n. nan where undefined
+    (fewer than 3 points, or a constant variable)."""
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = np.isfinite(xs) & np.isfinite(ys)
+    xs, ys = xs[keep], ys[keep]
+    n = len(xs)
+    if n < 3 or np.ptp(xs) == 0 or np.ptp(ys) == 0:
+        return math.nan, math.nan, n
+    dx, dy = xs - xs.mean(), ys - ys.mean()
+    r = float(np.clip((dx * dy).sum() / math.sqrt((dx ** 2).sum() * (dy ** 2).sum()), -1.0, 1.0))
+    t = math.inf if abs(r) == 1.0 else r * math.sqrt((n - 2) / (1.0 - r * r))
+    return r, t_two_sided_p(t, n - 2), n
+
+
+def bootstrap_ci(values: list[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
+                 seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean (resampling the values with replacement)."""
+    v = np.asarray(values, dtype=float)
+    if len(v) == 0:
+        return math.nan, math.nan
+    if len(v) == 1:
+        return float(v[0]), float(v[0])
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, len(v), size=(resamples, len(v)))].mean(1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def describe(values: list[float]) -> dict[str, float]:
+    """n, mean, std (ddof 1; nan for one value), 95% bootstrap CI of the mean."""
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    lo, hi = bootstrap_ci(v)
+    return {"n": len(v), "mean": float(np.mean(v)) if v else math.nan,
+            "std": float(np.std(v, ddof=1)) if len(v) > 1 else math.nan, "ci_low": lo, "ci_high": hi}
+
+
+# ----------------------------------------------------------------------------- runs
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Run directories under `paths`: folders with a metrics.jsonl or a summary.json, outermost first (an
+    `algorithm=sft` run keeps its distill/ and sft/ stages inside itself)."""
+    runs: set[Path] = set()
+    for p in paths:
+        if not p.exists():
+            raise SystemExit(f"{p} does not exist: pass a Hydra multirun folder, a bench_rl output folder or run directories")
+        found = {f.parent for name in ("metrics.jsonl", "summary.json") for f in p.rglob(name)}
+        runs |= {r for r in found if "checkpoints" not in r.parts and not any(a in found for a in r.parents)}
+    return sorted(runs)
+
+
+def config_and_seed(run: Path, cfg: dict) -> tuple[str, int | None]:
+    """The run's configuration name (its directory name without the seed) and its seed."""
+    name, seed = run.name, cfg.get("seed")
+    parts = name.split(",")
+    seed_parts = [p for p in parts if re.fullmatch(r"seed=\d+", p)]
+    if seed_parts:                                        # Hydra multirun: override_dirname
+        rest = [p for p in parts if p not in seed_parts and not p.startswith("eval.every=")]
+        return ",".join(rest) or "(defaults)", int(seed_parts[0].split("=")[1])
+    m = re.fullmatch(r"(.+)_s(\d+)", name)                # tools/bench_rl.py: <method>_s<seed>
+    if m:
+        return m.group(1), int(m.group(2))
+    m = re.fullmatch(r"seed_?(\d+)", name)                # <experiment>/seed<k>
+    if m:
+        return run.parent.name, int(m.group(1))
+    return name, seed
+
+
+def load_yaml(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+
+
+def run_config(run: Path) -> dict:
+    """rapid's resolved config.yaml, else Hydra's record of the composed one (.hydra/config.yaml)."""
+    return load_yaml(run / "config.yaml") or load_yaml(run / ".hydra" / "config.yaml")
+
+
+def read_rows(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def read_run(run: Path) -> dict:
+    """One row per run: configuration, seed, H, algorithm and the METRICS."""
+    cfg = run_config(run)
+    rows = read_rows(run)
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+    train = [r for r in rows if "time/round_s" in r]
+    evals = [r for r in rows if "eval/accuracy" in r]
+    config, seed = config_and_seed(run, cfg)
+    algorithm = cfg.get("algorithm", {})
+
+    def mean_of(key: str) -> float | None:
+        values = [r[key] for r in train if key in r]
+        return float(np.mean(values)) if values else None
+
+    accuracy = summary.get("eval/accuracy_after", evals[-1]["eval/accuracy"] if evals else None)
+    train_s = sum(r["time/round_s"] for r in train) if train else \
+        summary.get("time/rounds_s_total", summary.get("time/total_s"))
+    mem = [v for r in train for k, v in r.items() if k.startswith("mem/") and k.endswith("_rss_mib")]
+    peak = max(mem) if mem else summary.get("peak_rss_mib")
+    meta = json.loads((run / "meta.json").read_text()) if (run / "meta.json").exists() else {}
+    return {"run": str(run), "config": config, "seed": seed, "H": algorithm.get("H"), "cpu": meta.get("cpu"),
+            "algorithm": algorithm.get("name", summary.get("algorithm")), "loss": algorithm.get("loss"),
+            "accuracy": accuracy, "train_s": train_s, "staleness": mean_of("iw/staleness"),
+            "log_w_mean": mean_of("iw/log_w_mean"), "clipped_mass": mean_of("iw/clipped_mass"),
+            "peak_rss_mib": peak}
+
+
+def drop_common_overrides(runs: list[dict]) -> list[str]:
+    """Shorten multirun configuration names to what tells them apart: the `key=value` parts shared by every
+    run are dropped from every name (and returned)."""
+    parts = [r["config"].split(",") for r in runs]
+    if len({r["config"] for r in runs}) < 2 or not all("=" in p for ps in parts for p in ps):
+        return []
+    common = [p for p in parts[0] if all(p in ps for ps in parts)]
+    for r, ps in zip(runs, parts):
+        r["config"] = ",".join(p for p in ps if p not in common) or "(defaults)"
+    return common
+
+
+def table(runs: list[dict]) -> list[dict]:
+    """One row per configuration: n seeds, H, and describe() of every metric."""
+    out = []
+    for config in sorted({r["config"] for r in runs}, key=lambda c: _config_order(c, runs)):
+        members = [r for r in runs if r["config"] == config]
+        row = {"config": config, "seeds": " ".join(str(r["seed"]) for r in sorted(members, key=lambda r: r["seed"] or 0)),
+               "H": members[0]["H"], "algorithm": members[0]["algorithm"]}
+        for m in METRICS:
+            for k, v in describe([r[m] for r in members]).items():
+                row[f"{m}_{k}"] = v
+        out.append(row)
+    return out
+
+
+def _config_order(config: str, runs: list[dict]):
+    first = next(r for r in runs if r["config"] == config)
+    return (str(first["algorithm"]), first["H"] if isinstance(first["H"], int) else 0, config)
+
+
+def correlations(runs: list[dict], all_runs: bool = False) -> list[dict]:
+    points = [r for r in runs if isinstance(r["H"], (int, float)) and (all_runs or r["loss"] == "iw_grpg")]
+    out = []
+    for m in CORRELATED:
+        pts = [(r["H"], r[m]) for r in points if r[m] is not None]
+        r, p, n = pearson([h for h, _ in pts], [v for _, v in pts])
+        out.append({"quantity": m, "r": r, "p": p, "n": n, "H_values": " ".join(map(str, sorted({h for h, _ in pts})))})
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+
+LABELS = {"accuracy": "accuracy", "train_s": "train time (s)", "staleness": "staleness mean abs(log w̄)",
+          "log_w_mean": "mean log w̄", "clipped_mass": "clipped mass", "peak_rss_mib": "peak RSS (MiB)"}
+
+
+def fmt(x: float, digits: int) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def cell(row: dict, m: str) -> str:
+    digits = {"accuracy": 3, "train_s": 0, "staleness": 3, "log_w_mean": 3, "clipped_mass": 3, "peak_rss_mib": 0}[m]
+    if row[f"{m}_n"] == 0:
+        return "–"
+    text = fmt(row[f"{m}_mean"], digits)
+    if row[f"{m}_n"] > 1:
+        text += f" ± {fmt(row[f'{m}_std'], digits)} [{fmt(row[f'{m}_ci_low'], digits)}, {fmt(row[f'{m}_ci_high'], digits)}]"
+    return text
+
+
+def markdown(rows: list[dict], corr: list[dict], all_runs: bool, common: list[str], cpus: list[str]) -> str:
+    shown = [m for m in METRICS if any(r[f"{m}_n"] for r in rows)]
+    lines = [f"`python tools/stats.py {' '.join(sys.argv[1:])}`", "",
+             f"Runs made on: {'; '.join(cpus) if cpus else 'not recorded (meta.json has no cpu)'}.",
+             *([f"Overrides common to every run: `{','.join(common)}`."] if common else []), "",
+             "Per configuration: mean ± std [95% bootstrap CI of the mean] over seeds.", "",
+             "| configuration | seeds | " + " | ".join(LABELS[m] for m in shown) + " |",
+             "|---|---|" + "---:|" * len(shown)]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['seeds']} | " + " | ".join(cell(r, m) for m in shown) + " |")
+    which = "every run with an H" if all_runs else "the runs of the importance-weighted loss (RAPID, PG)"
+    lines += ["", f"Pearson correlation of H with each quantity over {which}, one point per run "
+                  "(two-sided p from Student's t with n − 2 df):", "",
+              "| H vs | r | p | n | H values |", "|---|---:|---:|---:|---|"]
+    for c in corr:
+        p = c["p"]
+        p_text = fmt(p, 4) if not math.isfinite(p) or p >= 1e-3 else f"{p:.1e}"
+        lines.append(f"| {LABELS[c['quantity']]} | {fmt(c['r'], 3)} | {p_text} | {c['n']} | {c['H_values']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path, help="multirun folders, bench_rl output folders or run directories")
+    parser.add_argument("--out", type=Path, help="also write stats.md, stats.csv and correlations.csv here")
+    parser.add_argument("--all-runs", action="store_true", help="correlate H over every run that has one, any loss")
+    args = parser.parse_args(argv)
+    runs = [read_run(r) for r in find_runs(args.paths)]
+    if not runs:
+        raise SystemExit(f"no run directories (with metrics.jsonl or summary.json) under {' '.join(map(str, args.paths))}")
+    common = drop_common_overrides(runs)
+    rows, corr = table(runs), correlations(runs, args.all_runs)
+    text = markdown(rows, corr, args.all_runs, common, sorted({r["cpu"] for r in runs if r["cpu"]}))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "stats.md").write_text(text)
+        for name, data in (("stats.csv", rows), ("correlations.csv", corr), ("runs.csv", runs)):
+            with (args.out / name).open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(data[0]))
+                writer.writeheader()
+                writer.writerows(data)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
