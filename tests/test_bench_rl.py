@@ -219,3 +219,27 @@ def test_predicted_time_of_a_run_from_its_config(tmp_path):
                    run / "config.yaml", resolve=True)
     bench_rl.predict_runs(rows, made_up())           # GRPO: plus the reference forward, 9.5 s per 1k
     assert rows[0]["predicted_train_s_per_1k"] == pytest.approx(36.0 + 9.5)
+
+
+def test_predictions_draw_lengths_from_another_runs_rollouts(tmp_path):
+    """--lengths-from: a run without rollouts is predicted with another run's groups of lengths, rescaled to its
+    own mean. With the made-up cost model of tests/test_cost_model.py and one group of lengths 2, 2, 2, 10 (mean 4,
+    the run's mean too): a call costs 1.8 s, the micro-batch padded to 10 costs 0.17 + 0.03 for the step, the sync
+    0.16, a reward 0.001 -> (1.8 + 0.2 + 0.16) / 4 + 0.001 = 0.541 s per sample; at fixed lengths of 4 it would be
+    (first 0.8 + 3 steps of 0.2 + 0.05 + 0.04 + 0.002 * 4 * 4 + 0.03 + 0.16) / 4 + 0.001 = 0.429."""
+    from tests.test_cost_model import made_up
+
+    run, donor = tmp_path / "rapid_h1_s0", tmp_path / "donor"
+    run.mkdir()
+    donor.mkdir()
+    OmegaConf.save(bench_rl.composed(["algorithm=rapid", "algorithm.H=1", "algorithm.n_step=4", "algorithm.n_group=4"]),
+                   run / "config.yaml", resolve=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"round": 1, "train/completion_len": 4.0}))
+    (donor / "rollouts.jsonl").write_text("\n".join(json.dumps({"round": 1, "group": 0, "completion_ids": [7] * n})
+                                                    for n in (2, 2, 10, 2)))
+    rows = [{"method": "PG", **bench_rl.run_facts(run, {"samples": 4})}]
+    bench_rl.predict_runs(rows, made_up())
+    assert rows[0]["predicted_s_per_1k"] == pytest.approx(429.0)
+    bench_rl.predict_runs(rows, made_up(), lengths_from=donor)
+    assert rows[0]["predicted_s_per_1k"] == pytest.approx(541.0)
+    assert bench_rl.shared_length_groups([], {"length_groups": [[3] * 4]}) == [[3] * 4]

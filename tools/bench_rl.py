@@ -366,20 +366,24 @@ def rollout_length_groups(run_dir: Path) -> list[list[int]] | None:
     return list(groups.values()) or None
 
 
-def shared_length_groups(rows: list[dict], cm: dict) -> list[list[int]] | None:
-    """Completion lengths for runs that did not log their own: the first run's rollouts.jsonl, else the cost
-    model's (None: fixed lengths at each run's mean)."""
+def shared_length_groups(rows: list[dict], cm: dict, lengths_from: Path | None = None) -> list[list[int]] | None:
+    """Completion lengths for runs that did not log their own: --lengths-from's rollouts.jsonl, else the first
+    run's that logged them, else the cost model's (None: every completion at its run's mean length, which
+    understates calls and micro-batches, both as long as their longest completion)."""
+    if lengths_from:
+        return rollout_length_groups(lengths_from)
     dirs = [Path(r["run_dir"]) for r in rows if r.get("run_dir")]
     return next((g for g in map(rollout_length_groups, dirs) if g), None) or cm.get("length_groups")
 
 
-def predict_runs(rows: list[dict], cm: dict) -> None:
+def predict_runs(rows: list[dict], cm: dict, lengths_from: Path | None = None) -> None:
     """Adds the cost model's predicted seconds per 1,000 samples (in all and per phase) to every single-process
-    rapid run, from its config and mean completion length."""
+    rapid run, from its config, its mean completion length and the lengths of its own rollouts.jsonl (else
+    `shared_length_groups`)."""
     from omegaconf import OmegaConf
 
     model = cost_model_module()
-    shared = shared_length_groups(rows, cm)
+    shared = shared_length_groups(rows, cm, lengths_from)
     for row in rows:
         run_dir = Path(row.get("run_dir", ""))
         if row.get("completion_len") is None or not (run_dir / "config.yaml").exists():
@@ -503,8 +507,12 @@ def report(rows: list[dict], meta: dict, out: Path, cm: dict | None = None) -> s
             lines += ["", f"Measured by `{cm.get('command', 'tools/cost_model.py')}` ({cm.get('date', '')}): "
                       f"{c['model']} {c['dtype']}, prompts {cm['prompt_len_mean']:.0f} tokens, completions "
                       f"{cm['completion_len']} tokens, engine calls of {', '.join(map(str, cm['generation']['sizes']))} "
-                      f"sequences; {cost_model_module().machine_line(cm['machine'])}. Completion lengths are drawn from "
-                      "a run's rollouts where one was logged, rescaled to each run's mean."]
+                      f"sequences; {cost_model_module().machine_line(cm['machine'])}. Completion lengths are drawn, whole "
+                      "groups, from each run's own rollouts.jsonl, else " +
+                      (f"from {Path(cm['length_groups_from']).name}'s, rescaled to the run's mean."
+                       if cm.get("length_groups_from") else "every completion is taken at the run's mean length "
+                       "(no run logged rollouts: calls and micro-batches, as long as their longest completion, "
+                       "are then understated).")]
             if cm.get("recommendation"):
                 lines += ["", cm["recommendation"]]
     floors = next((m for m in table if m.get("overhead") is not None), None)
@@ -558,9 +566,13 @@ def main() -> None:
     p.add_argument("--cost-model", type=Path, help="predict from this tools/cost_model.py JSON (default: measure one "
                    "at the end, into <out>/cost_model.json)")
     p.add_argument("--no-cost-model", action="store_true", help="no predicted column")
+    p.add_argument("--lengths-from", type=Path, help="a run with rollouts.jsonl whose completion lengths the cost model "
+                   "draws for runs that logged none (default: the first such run here, e.g. RAPID H = 8 with floors)")
     args = p.parse_intermixed_args()     # overrides may come before or after the options
     if args.cost_model and not args.cost_model.exists():
         raise SystemExit(f"--cost-model {args.cost_model} does not exist: measure one with tools/cost_model.py <overrides>")
+    if args.lengths_from and not rollout_length_groups(args.lengths_from):
+        raise SystemExit(f"--lengths-from {args.lengths_from} has no rollouts.jsonl: pass a run made with logger.rollouts=true")
     if args.floors:
         measure_floors(args.floors)
         return
@@ -584,18 +596,28 @@ def main() -> None:
             if row is not None:
                 rows.append(row)
                 report(rows, meta, args.out)      # a partial table survives an interrupted benchmark
-    cm = None
+    cm, configs = None, []
     if not args.no_cost_model:
         configs = [composed(overrides + m["overrides"]) for m in methods if not m.get("trl")]
         configs = [c for c in configs if c.algorithm.H != "auto"]     # H=auto: no fixed round size to model
         cm = cost_model_for(args, overrides, rows, [c.algorithm.n_inference // args.nproc for c in configs])
-    if cm:
-        predict_runs(rows, cm)
+    if cm and configs:
+        predict_runs(rows, cm, args.lengths_from)
+        pool = shared_length_groups(rows, cm, args.lengths_from)
+        source = args.lengths_from or next((Path(r["run_dir"]) for r in rows if r.get("run_dir")
+                                            and rollout_length_groups(Path(r["run_dir"]))), None)
+        own = args.out / "cost_model.json"
+        if pool and source and not cm.get("length_groups") and not args.cost_model and own.exists():
+            # keep the lengths with the measurement, for later predictions from it (--cost-model elsewhere)
+            cm |= {"length_groups": pool, "length_groups_from": str(source)}
+            own.write_text(json.dumps(cm, indent=2))
+        elif pool and source:
+            cm["length_groups_from"] = str(source)
         model, c = cost_model_module(), composed(overrides).train
         lengths = [r["completion_len"] for r in rows if r.get("completion_len")]
         block = [model.predict(cm, H=h, n_step=configs[0].algorithm.n_step, n_group=configs[0].algorithm.n_group,
                                micro_batch=c.micro_batch, completion_len=sum(lengths) / len(lengths) if lengths else None,
-                               length_groups=shared_length_groups(rows, cm)) for h in sorted({1, *fixed_h(args.h)})]
+                               length_groups=pool) for h in sorted({1, *fixed_h(args.h)})]
         cm["recommendation"] = "Cost model: " + model.recommendation_line(block)
     print("\n" + report(rows, meta, args.out, cm))
 

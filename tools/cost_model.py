@@ -486,7 +486,11 @@ def measure(cfg, completion_len: float, sizes: list[int], repeats: int, log=prin
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m rapid.train (task=..., model=...)")
-    p.add_argument("--completion-len", type=float, help="mean completion length in tokens (default: task.max_new_tokens)")
+    p.add_argument("--completion-len", type=float, help="mean completion length in tokens to measure at (default: "
+                   "task.max_new_tokens); with --predict, the mean to predict at (default: the measurement's)")
+    p.add_argument("--lengths-from", type=Path, help="a run that logged rollouts.jsonl: predict with its completion "
+                   "lengths (whole groups, rescaled to the mean), since a call decodes until its longest completion ends "
+                   "and a micro-batch is padded to its longest")
     p.add_argument("--from-run", type=Path, help="a finished run: its config, overrides added, and its mean completion length")
     p.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), help="sequences per engine call to measure")
     p.add_argument("--repeats", type=int, default=2, help="timings per point (the best is kept)")
@@ -516,6 +520,11 @@ def main(argv: list[str] | None = None) -> dict:
             out = args.out
         else:
             cm, out = measure_main(args)
+        if args.lengths_from:
+            groups = run_lengths(args.lengths_from)[1] if (args.lengths_from / "metrics.jsonl").exists() else None
+            if not groups:
+                raise ConfigError(f"{args.lengths_from} has no rollouts.jsonl: pass a run made with logger.rollouts=true")
+            cm["length_groups"], cm["length_groups_from"] = groups, str(args.lengths_from)
     except ConfigError as e:
         print(f"cost_model: {e}")
         sys.exit(2)
@@ -526,13 +535,15 @@ def main(argv: list[str] | None = None) -> dict:
     c = cm["config"]
     n_steps = args.n_step or [c["n_step"]]
     n_group = args.n_group or c["n_group"]
+    predict_len = args.completion_len if args.predict else None
     table, rows = prediction_table(model_cm, args.h, n_steps, n_group, c["micro_batch"], tolerance=args.tolerance,
-                                   length_groups=cm.get("length_groups"),
+                                   completion_len=predict_len, length_groups=cm.get("length_groups"),
                                    reference=c.get("loss") == "grpo" and c.get("kl_coef", 0) > 0,
                                    recompute=c.get("behavior_logprobs") == "recompute", passes=c.get("num_iterations", 1))
     head = (f"Predicted seconds per 1,000 samples, {c['model']} ({c['dtype']}, sampler {cm['sampler']}, {cm['device']}), "
             f"task {c['task']}: prompts {cm['prompt_len_mean']:.0f} tokens on average, completions "
-            f"{cm['completion_len']} tokens{' (lengths drawn from a run)' if cm.get('length_groups') else ''}; "
+            f"{predict_len or cm['completion_len']} tokens"
+            f"{' (lengths drawn from a run, rescaled to that mean)' if cm.get('length_groups') else ' (all of that length)'}; "
             f"{machine_line(cm['machine'])}" + (", timed by CPU time on one core" if cm.get("clock") == "cpu" else "")
             + (f", load average {cm['load_average']['before']:.1f} before and "
                                                 f"{cm['load_average']['after']:.1f} after the measurement"
