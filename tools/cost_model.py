@@ -277,7 +277,9 @@ def machine_info() -> dict:
         pass
     flags = (fields.get("flags") or fields.get("Features") or "").split()
     info = {"cpu_model": fields.get("model name") or fields.get("Model") or platform.processor() or platform.machine(),
-            "vector_extensions": sorted(f for f in flags if f.startswith(VECTOR_PREFIXES)), "cpu_cores": os.cpu_count()}
+            "vector_extensions": sorted(f for f in flags if f.startswith(VECTOR_PREFIXES)), "cpu_cores": os.cpu_count(),
+            "cores_allowed": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
     try:
         import torch
         if torch.cuda.is_available():
