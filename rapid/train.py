@@ -228,7 +228,7 @@ def train(cfg: DictConfig) -> dict:
 
     print0(self_test(task, train_records, cfg.reward.self_test, workers=cfg.reward.workers, timeout=cfg.reward.timeout_s))
     t_start = time.perf_counter() - elapsed0
-    if start_round == 0:
+    if start_round == 0 and cfg.eval.at_start:
         run_eval(0)
     buffer = ReplayBuffer()
     bar = tqdm(total=cfg.samples, initial=samples_done, unit="samples",
@@ -348,7 +348,7 @@ def train(cfg: DictConfig) -> dict:
     rows = logger.rows() if distributed.is_main() else []
     evals = [r for r in rows if "eval/accuracy" in r]
     train_rows = [r for r in rows if "train/reward_mean" in r]
-    summary = {"eval/accuracy_before": evals[0]["eval/accuracy"] if evals else None,
+    summary = {"eval/accuracy_before": evals[0]["eval/accuracy"] if evals and evals[0]["round"] == 0 else None,
                "eval/accuracy_after": final["eval/accuracy"], "rounds": round_, "samples": samples_done,
                "unused_samples": sum(r.get("algorithm/unused_samples", 0) for r in train_rows),
                "sampler": sampler.name, "algorithm": a.name,
