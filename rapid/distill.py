@@ -24,32 +24,24 @@ engine once instead.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import hydra
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from rapid import distributed
 from rapid.config import DTYPES, ConfigError, exit_on_config_error
-from rapid.logger import git_commit
+from rapid.logger import write_run_files
 from rapid.models import load_model_and_tokenizer
 from rapid.rewards import score
 from rapid.sampler import make_sampler
-from rapid.seeding import derive_seed
-from rapid.tasks import get_task
+from rapid.seeding import DISTILL_ENGINE_STREAM, DISTILL_SAMPLE_STREAM, derive_seed
+from rapid.tasks import get_task, record_id
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-SAMPLE_STREAM, ENGINE_STREAM = 10, 11    # derived-seed tags, apart from rapid.train's
-
-
-def record_id(record: dict) -> str:
-    """A record's name in its dataset (arithmetic problems are named by their question)."""
-    return str(record.get("task_id") or record.get("unique_id") or record.get("name") or record.get("question"))
 
 
 def question(record: dict) -> str:
@@ -89,13 +81,10 @@ def distill(cfg: DictConfig, run_dir: Path | None = None) -> dict:
     task = get_task(t.name, t.module)
     records = task.load("train", **t)[:d.n_prompts]
     prompts = task.build_prompts(records, tokenizer, **t)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    (run_dir / "meta.json").write_text(json.dumps({"git_commit": git_commit(), "argv": sys.argv, "device": str(device),
-                                                   "torch": torch.__version__}, indent=2))
+    write_run_files(run_dir, cfg, device)
     print(OmegaConf.to_yaml(cfg, resolve=True))
     sampler = make_sampler(cfg.sampler, teacher, tokenizer, DTYPES[teacher_cfg.dtype],
-                           seed=derive_seed(cfg.seed, ENGINE_STREAM) % 2**31)
+                           seed=derive_seed(cfg.seed, DISTILL_ENGINE_STREAM) % 2**31)
 
     t_start = time.perf_counter()
     counts = {"generated": 0, "kept": 0, "prompts_with_kept": 0, "reward_failures": 0}
@@ -104,7 +93,7 @@ def distill(cfg: DictConfig, run_dir: Path | None = None) -> dict:
         for start in tqdm(range(0, len(records), d.chunk), disable=not cfg.logger.progress, dynamic_ncols=True):
             chunk = range(start, min(start + d.chunk, len(records)))
             t0 = time.perf_counter()
-            seeds = [derive_seed(cfg.seed, SAMPLE_STREAM, i) for i in chunk]     # per prompt, whatever the chunk
+            seeds = [derive_seed(cfg.seed, DISTILL_SAMPLE_STREAM, i) for i in chunk]     # per prompt, whatever the chunk
             groups = sampler.generate([prompts[i] for i in chunk], n=d.n_samples, max_new_tokens=t.max_new_tokens,
                                       temperature=d.temperature, seeds=seeds, top_p=d.top_p)
             t1 = time.perf_counter()

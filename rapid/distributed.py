@@ -46,6 +46,12 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def all_reduce_sum_dict(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Sum each named value over ranks; every rank passes the same keys (in any order)."""
+    keys = sorted(values)
+    return dict(zip(keys, all_reduce_sum([float(values[k]) for k in keys], device)))
+
+
 def all_reduce_max(value: float, device: torch.device) -> float:
     if not _owned:
         return value

@@ -52,6 +52,20 @@ __all__ = ["group_advantages", "iw_grpg_loss", "normalized_ess", "sequence_logpr
 LOG_RATIO_MAX = 20.0
 
 
+def group_index(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """rewards [B], group_ids [B] (any values, members need not be adjacent) -> inverse [B] (each
+    record's group in [0, K)), counts [K] N_k in the dtype of ``rewards``."""
+    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
+        raise ValueError(
+            f"rewards and group_ids must both have shape [B]; got {tuple(rewards.shape)} "
+            f"and {tuple(group_ids.shape)}."
+        )
+    labels, inverse = torch.unique(group_ids, return_inverse=True)  # [K], [B] in [0, K)
+    counts = torch.zeros(labels.numel(), dtype=rewards.dtype, device=rewards.device)
+    counts.index_add_(0, inverse, torch.ones_like(rewards))  # [K] N_k
+    return inverse, counts
+
+
 def group_advantages(
     rewards: Tensor,
     group_ids: Tensor,
@@ -65,16 +79,9 @@ def group_advantages(
     ``rewards``. With ``leave_one_out`` the baseline of n averages the other N_k − 1 members.
     Rewards and weights are treated as constants: the output never requires grad.
     """
-    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
-        raise ValueError(
-            f"rewards and group_ids must both have shape [B]; got {tuple(rewards.shape)} "
-            f"and {tuple(group_ids.shape)}."
-        )
     rewards = rewards.detach()
+    inverse, counts = group_index(rewards, group_ids)
     weighted = rewards if weights is None else weights.detach().to(rewards.dtype) * rewards
-    labels, inverse = torch.unique(group_ids, return_inverse=True)  # [K], [B] index in [0, K)
-    counts = torch.zeros(labels.numel(), dtype=rewards.dtype, device=rewards.device)
-    counts.index_add_(0, inverse, torch.ones_like(rewards))  # [K] N_k
     sums = torch.zeros_like(counts).index_add_(0, inverse, weighted)  # [K] Σ w R
     if leave_one_out:
         if bool((counts < 2).any()):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -23,6 +24,21 @@ def git_commit() -> str | None:
                               cwd=Path(__file__).parent).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
+
+
+def write_run_files(run_dir: Path, cfg, device, meta_name: str = "meta.json", **extra) -> None:
+    """<run_dir>/config.yaml (the resolved config) and <run_dir>/<meta_name>: the commit, command line,
+    device, torch version and CPU of the run, and `extra`."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from rapid.profiling import cpu_description
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    meta = {"git_commit": git_commit(), "argv": sys.argv, "device": str(device), "torch": torch.__version__,
+            "cpu": cpu_description(), **extra}
+    (run_dir / meta_name).write_text(json.dumps(meta, indent=2))
 
 
 def read_rows(path: Path) -> list[dict]:

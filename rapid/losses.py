@@ -29,8 +29,8 @@ seq-mean and constant aggregations, completion tokens for "token_mean" and DAPO)
 micro-batch call, and the micro-batch losses (and gradients) sum to the full minibatch's.
 
 Helpers: ``group_normalized_advantages`` (GRPO's std-normalised group advantage, or Dr. GRPO's
-mean-centred one), ``overlong_penalty`` (DAPO's soft overlong punishment, added to the reward),
-``drop_uniform_groups`` (DAPO's dynamic sampling filter).
+mean-centred one) and ``overlong_penalty`` (DAPO's soft overlong punishment, added to the reward).
+DAPO's dynamic sampling filter is ``rapid.buffer.keep_informative_groups``.
 """
 
 from __future__ import annotations
@@ -38,14 +38,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rapid.iw_grpg import LOG_RATIO_MAX
+from rapid.iw_grpg import LOG_RATIO_MAX, group_index
 
 __all__ = [
     "group_normalized_advantages",
     "grpo_loss",
     "dapo_loss",
     "overlong_penalty",
-    "drop_uniform_groups",
     "AGGREGATIONS",
 ]
 
@@ -53,19 +52,6 @@ AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "constant")
 
 
 # ----------------------------------------------------------------------------- advantages
-
-
-def _group_index(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
-    """-> inverse [B] (group index of each record in [0, K)), counts [K] (dtype of rewards)."""
-    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
-        raise ValueError(
-            f"rewards and group_ids must both have shape [B]; got {tuple(rewards.shape)} "
-            f"and {tuple(group_ids.shape)}."
-        )
-    labels, inverse = torch.unique(group_ids, return_inverse=True)  # [K], [B] in [0, K)
-    counts = torch.zeros(labels.numel(), dtype=rewards.dtype, device=rewards.device)
-    counts.index_add_(0, inverse, torch.ones_like(rewards))  # [K] N_k
-    return inverse, counts
 
 
 def group_normalized_advantages(
@@ -86,7 +72,7 @@ def group_normalized_advantages(
     rewards = rewards.detach()
     if not rewards.is_floating_point():
         rewards = rewards.to(torch.get_default_dtype())
-    inverse, counts = _group_index(rewards, group_ids)
+    inverse, counts = group_index(rewards, group_ids)
     sums = torch.zeros_like(counts).index_add_(0, inverse, rewards)  # [K] Σ R
     centred = rewards - (sums / counts)[inverse]  # [B] R − mean_k
     if scale is None:
@@ -270,16 +256,3 @@ def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int, penalty: flo
     over = (lengths.to(dtype) - (max_len - cache_len)).clamp(min=0)  # [B] tokens into the band
     ramp = (over / max(cache_len, 1)).clamp(max=1.0)  # [B] 0 → 1 across the band
     return -penalty * torch.where(lengths > max_len, torch.ones_like(ramp), ramp)
-
-
-def drop_uniform_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
-    """DAPO's dynamic-sampling filter: rewards [B], group_ids [B] -> keep mask [B] bool.
-
-    False for every member of a group whose rewards are all equal (exactly): such a group has
-    zero advantage everywhere and gives no gradient. A group of one member is always dropped.
-    """
-    inverse, counts = _group_index(rewards, group_ids)
-    init = torch.zeros_like(counts)
-    hi = init.scatter_reduce(0, inverse, rewards, reduce="amax", include_self=False)  # [K]
-    lo = init.scatter_reduce(0, inverse, rewards, reduce="amin", include_self=False)  # [K]
-    return (hi > lo)[inverse]

@@ -35,6 +35,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from rapid.config import ConfigError
 from rapid.models import unwrap
+from rapid.policy import autocast
 from rapid.seeding import derive_seed
 
 
@@ -47,12 +48,27 @@ class Completion:
 
 
 class Sampler(Protocol):
+    """What the training loop uses of a sampler."""
+
     name: str
+    pad_id: int          # the id that pads prompts and completions (the tokenizer's pad, else its EOS)
 
     def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int,
                  temperature: float, seeds: list[int] | None = None, top_p: float = 1.0) -> list[list[Completion]]: ...
 
-    def sync_weights(self, model: torch.nn.Module) -> None: ...
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Make the next generate sample from `model`'s current parameters (waking the sampler if asleep)."""
+
+    def sleep(self) -> None:
+        """Release what the training phase needs more (the engine's memory); generate and sync_weights wake it."""
+
+
+def special_token_ids(model: torch.nn.Module, tokenizer) -> tuple[int, list[int]]:
+    """-> (pad id, every EOS id): the tokenizer's pad token, else its EOS; the tokenizer's EOS and the
+    checkpoint's generation_config EOS ids (instruct models end turns with either)."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    return pad_id, sorted({tokenizer.eos_token_id, *_as_list(model_eos)} - {None})
 
 
 class _SampleAndRecord(LogitsProcessor):
@@ -90,12 +106,10 @@ class HFSampler:
     name = "hf"
 
     def __init__(self, model: torch.nn.Module, tokenizer, batch_size: int = 64,
-                 autocast_dtype: torch.dtype | None = None, ignore_eos: bool = False):
+                 autocast_dtype: torch.dtype = torch.float32, ignore_eos: bool = False):
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.autocast_dtype, self.ignore_eos = autocast_dtype, ignore_eos
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        self.eos_ids = sorted({tokenizer.eos_token_id, *_as_list(model_eos)} - {None})
+        self.pad_id, self.eos_ids = special_token_ids(model, tokenizer)
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Nothing to copy: this sampler generates with the training model's own parameters."""
@@ -104,7 +118,7 @@ class HFSampler:
         """Nothing to free: no separate engine."""
 
     def wake_up(self) -> None:
-        pass
+        """Nothing to wake."""
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int,
@@ -141,7 +155,7 @@ class HFSampler:
         recorder = _SampleAndRecord(generators, temperature, top_p)
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                                   eos_token_id=[] if self.ignore_eos else self.eos_ids, pad_token_id=self.pad_id)
-        with _autocast(device, self.autocast_dtype), _without_checkpoint_generation_config(self.model):
+        with autocast(device, self.autocast_dtype), _without_checkpoint_generation_config(self.model):
             cache = None
             if n > 1 and P > 1:
                 prefix_mask = attention_mask[:, :-1]
@@ -192,9 +206,7 @@ class VLLMSampler:
 
         check_vllm_version()
         self.tokenizer = tokenizer
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        self.eos_ids = sorted({tokenizer.eos_token_id, *_as_list(model_eos)} - {None})
+        self.pad_id, self.eos_ids = special_token_ids(model, tokenizer)
         self.dtype = dtype
         self.cuda = next(model.parameters()).is_cuda
         self.sleeping, self.sleep_during_train = False, sleep_during_train and self.cuda
@@ -308,12 +320,6 @@ def _without_checkpoint_generation_config(model: torch.nn.Module):
         model.generation_config = saved
 
 
-def _autocast(device: torch.device, dtype: torch.dtype | None):
-    if dtype is None or dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
 def make_sampler(cfg, model: torch.nn.Module, tokenizer, compute_dtype: torch.dtype, seed: int) -> Sampler:
     """The sampler named by `cfg.name`; `vllm` falls back to `hf`, with one warning line, where
     vLLM cannot be imported."""
@@ -326,8 +332,8 @@ def make_sampler(cfg, model: torch.nn.Module, tokenizer, compute_dtype: torch.dt
                                kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
                                gpu_memory_utilization=cfg.gpu_memory_utilization,
                                enable_prefix_caching=cfg.enable_prefix_caching,
-                               sleep_during_train=cfg.sleep_during_train, ignore_eos=cfg.get("ignore_eos", False))
+                               sleep_during_train=cfg.sleep_during_train, ignore_eos=cfg.ignore_eos)
     elif cfg.name != "hf":
         raise ConfigError(f"unknown sampler '{cfg.name}': choose sampler=vllm or sampler=hf")
     return HFSampler(model, tokenizer, batch_size=cfg.batch_size, autocast_dtype=compute_dtype,
-                     ignore_eos=cfg.get("ignore_eos", False))
+                     ignore_eos=cfg.ignore_eos)

@@ -23,7 +23,6 @@ student's tokenizer (plus EOS where the teacher stopped) after the student's own
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -37,16 +36,15 @@ from rapid import checkpoint, distributed
 from rapid.buffer import Rollout
 from rapid.config import DTYPES, ConfigError, exit_on_config_error
 from rapid.data import PromptStream
-from rapid.distill import distill, record_id
+from rapid.distill import distill
 from rapid.evaluate import evaluate
-from rapid.logger import MetricsLogger, git_commit
+from rapid.logger import MetricsLogger, write_run_files
 from rapid.models import load_model_and_tokenizer
 from rapid.policy import CompletionLogprobs, accumulate_gradients
 from rapid.sampler import make_sampler
-from rapid.seeding import derive_seed
-from rapid.tasks import load_splits
+from rapid.seeding import SFT_DATA_STREAM, SFT_ENGINE_STREAM, SFT_EVAL_STREAM, derive_seed
+from rapid.tasks import load_splits, record_id
 
-DATA_STREAM, EVAL_STREAM, ENGINE_STREAM = 20, 21, 22    # derived-seed tags
 SHARED_KEYS = ("seed", "device", "task", "model", "sampler", "reward", "logger")   # rapid.train config -> sft config
 
 
@@ -112,19 +110,15 @@ def sft(cfg: DictConfig, run_dir: Path | None = None) -> dict:
     examples, reencoded = load_examples(data, train_records, train_prompts, tokenizer, t.name)
     if reencoded:
         print(f"{reencoded} of {len(examples)} completions re-encoded from their text (the teacher's prompt ids differ)")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    (run_dir / "meta.json").write_text(json.dumps(
-        {"git_commit": git_commit(), "argv": sys.argv, "device": str(device), "torch": torch.__version__,
-         "data": str(data), "examples": len(examples), "reencoded": reencoded}, indent=2))
+    write_run_files(run_dir, cfg, device, data=str(data), examples=len(examples), reencoded=reencoded)
     print(OmegaConf.to_yaml(cfg, resolve=True))
     sampler = make_sampler(cfg.sampler, model, tokenizer, compute_dtype,
-                           seed=derive_seed(cfg.seed, ENGINE_STREAM) % 2**31)
+                           seed=derive_seed(cfg.seed, SFT_ENGINE_STREAM) % 2**31)
     optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay,
                                   fused=True)   # one kernel for all parameters (2.8x faster step on CPU)
     scheduler = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)   # checkpointed like train's
     policy = CompletionLogprobs(model, temperature=1.0, share_prompt=not cfg.model.gradient_checkpointing)
-    stream = PromptStream(len(examples), derive_seed(cfg.seed, DATA_STREAM))   # one seeded permutation per epoch
+    stream = PromptStream(len(examples), derive_seed(cfg.seed, SFT_DATA_STREAM))   # one seeded permutation per epoch
     logger = MetricsLogger(run_dir, wandb_cfg={"enabled": cfg.logger.wandb, "project": cfg.logger.project,
                                                "name": run_dir.name}, config=OmegaConf.to_container(cfg, resolve=True))
 
@@ -136,7 +130,7 @@ def sft(cfg: DictConfig, run_dir: Path | None = None) -> dict:
         row = evaluate(sampler, task, eval_records, eval_prompts, max_new_tokens=t.max_new_tokens,
                        temperature=cfg.eval.temperature, n_samples=cfg.eval.n_samples,
                        sample_temperature=cfg.sampler.temperature, ks=tuple(cfg.eval.ks), device=device,
-                       seed=derive_seed(cfg.seed, EVAL_STREAM) % 2**31)
+                       seed=derive_seed(cfg.seed, SFT_EVAL_STREAM) % 2**31)
         row = {"epoch": epoch, **row, "time/eval_s": time.perf_counter() - t0}
         logger.log(row)
         print(f"eval @ epoch {epoch}: accuracy {row['eval/accuracy']:.3f} on {row['eval/n']} problems")

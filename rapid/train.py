@@ -30,7 +30,6 @@ import copy
 import itertools
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -50,18 +49,17 @@ from rapid.evaluate import evaluate
 from rapid.iw_grpg import iw_grpg_loss, masked_mean, normalized_ess, sequence_logprobs
 from rapid.losses import dapo_loss, group_normalized_advantages, grpo_loss, overlong_penalty
 from rapid.mismatch import scale_gradient, truncated_is_factors
-from rapid.logger import MetricsLogger, git_commit
+from rapid.logger import MetricsLogger, write_run_files
 from rapid.models import load_model_and_tokenizer
 from rapid.policy import (CompletionLogprobs, accumulate_gradients, autocast, completion_logprobs,
                           recompute_behavior_logprobs, token_logprobs)
-from rapid.profiling import PhaseClock, cpu_description
+from rapid.profiling import PhaseClock
 from rapid.rewards import score, self_test
 from rapid.sampler import make_sampler
 from rapid.sft import distill_and_sft
-from rapid.seeding import derive_seed
-from rapid.tasks import load_splits
+from rapid.seeding import BUFFER_STREAM, ENGINE_STREAM, EVAL_STREAM, PROMPT_STREAM, SAMPLE_STREAM, derive_seed
+from rapid.tasks import load_splits, record_id
 
-SAMPLE_STREAM, BUFFER_STREAM = 0, 1    # tags that keep derived seed streams apart
 PHASES = ("generate", "reward", "recompute", "train", "sync")   # a round's timed phases (+ other)
 STAT_NAMES = {"clip_frac": "iw/clip_frac", "staleness": "iw/staleness", "log_w_mean": "iw/log_w_mean",
               "iw_mean": "iw/mean", "loss": "train/loss", "clipped_mass": "iw/clipped_mass",
@@ -88,6 +86,51 @@ def trim_to_minibatches(rollouts: list[Rollout], local_step: int, target: int, d
         raise RuntimeError("dynamic sampling found no informative group within algorithm.dynamic_sampling_tries "
                            "attempts; raise it or check the reward")
     return rollouts[:n]
+
+
+def round_metrics(rollouts: list[Rollout], steps: list[dict], failed: int, mismatch: float | None, world: int,
+                  device: torch.device) -> dict[str, float]:
+    """A round's training metrics, over all ranks: reward and completion statistics per record, the
+    loss's statistics averaged over the round's steps, and the sampler/trainer log-prob gap (the
+    recompute's, else the first step's, where θ = μ)."""
+    loss_keys = [k for k in steps[0] if k not in ("iw_max", "token_logp_gap", "grad_norm", "lr")]
+    sums = distributed.all_reduce_sum_dict({
+        "records": len(rollouts), "failures": failed, "reward": sum(r.reward for r in rollouts),
+        "correct": sum(r.reward == 1.0 for r in rollouts), "tokens": sum(len(r.completion_ids) for r in rollouts),
+        "truncated": sum(r.truncated for r in rollouts),
+        "gap": steps[0]["token_logp_gap"] if mismatch is None else mismatch,
+        **{f"step/{k}": sum(s[k] for s in steps) / len(steps) for k in loss_keys}}, device)
+    n = max(sums["records"], 1)
+    row = {"train/reward_mean": sums["reward"] / n, "train/accuracy": sums["correct"] / n,
+           "train/completion_len": sums["tokens"] / n, "train/truncated_frac": sums["truncated"] / n,
+           "train/reward_failures": int(sums["failures"]), "sampler/logprob_mismatch": sums["gap"] / world,
+           **{STAT_NAMES.get(k, f"loss/{k}"): sums[f"step/{k}"] / world for k in sorted(loss_keys)},
+           "train/grad_norm": steps[-1]["grad_norm"], "train/lr": steps[-1]["lr"]}
+    if "iw_max" in steps[0]:
+        row["iw/max"] = all_reduce_max(max(s["iw_max"] for s in steps), device)
+    return row
+
+
+def timing_metrics(phases: dict[str, float], round_s: float, tokens_all_ranks: int) -> dict[str, float]:
+    """The round's phase times (rank 0's; PhaseClock's row, and memory), the rest as `other`, tokens/s."""
+    phases = {f"time/{p}_s": 0.0 for p in PHASES} | phases
+    return {**phases, "time/other_s": round_s - sum(phases[f"time/{p}_s"] for p in PHASES), "time/round_s": round_s,
+            "sampler/tokens_per_s": tokens_all_ranks / max(phases["time/generate_s"], 1e-9)}
+
+
+def summarize(rows: list[dict], final: dict) -> dict:
+    """summary.json's accuracies, totals and averages from the run's logged rows (rank 0's)."""
+    evals = [r for r in rows if "eval/accuracy" in r]
+    train_rows = [r for r in rows if "train/reward_mean" in r]
+    memory = sorted({k for r in train_rows for k in r if k.startswith("mem/") and k != "mem/peak_is_process"})
+    return {"eval/accuracy_before": evals[0]["eval/accuracy"] if evals and evals[0]["round"] == 0 else None,
+            "eval/accuracy_after": final["eval/accuracy"],
+            "unused_samples": sum(r.get("algorithm/unused_samples", 0) for r in train_rows),
+            "time/rounds_s_total": sum(r["time/round_s"] for r in train_rows),
+            **{f"time/{p}_s_total": sum(r[f"time/{p}_s"] for r in train_rows) for p in (*PHASES, "other")},
+            **{f"{k}_avg": sum(r[k] for r in train_rows) / len(train_rows)   # over all steps (paper Table 3)
+               for k in ("iw/staleness", "iw/log_w_mean") if train_rows and k in train_rows[0]},
+            **{f"{k}_max": max(r[k] for r in train_rows if k in r) for k in memory}}
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
@@ -127,24 +170,19 @@ def train(cfg: DictConfig) -> dict:
     task, train_records, train_prompts, eval_records, eval_prompts = load_splits(t, tokenizer, cfg.eval.n)
     cfg.rounds, cfg.samples = run_length(cfg, len(train_records))   # rounds is None with H=auto
     if distributed.is_main():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-        (run_dir / ("meta_resume.json" if resume_from else "meta.json")).write_text(json.dumps(
-            {"git_commit": git_commit(), "argv": sys.argv, "world_size": world, "device": str(device),
-             "torch": torch.__version__, "cpu": cpu_description()}, indent=2))
-        record_id = lambda r: r.get("task_id") or r.get("unique_id") or r.get("name") or r.get("question")
+        write_run_files(run_dir, cfg, device, "meta_resume.json" if resume_from else "meta.json", world_size=world)
         (run_dir / "split.json").write_text(json.dumps(   # which problems trained, which were held out
             {"train": [record_id(r) for r in train_records], "eval": [record_id(r) for r in eval_records]}))
     print0(OmegaConf.to_yaml(cfg, resolve=True))
-    sampler = make_sampler(cfg.sampler, model, tokenizer, compute_dtype, seed=derive_seed(cfg.seed, 4, rank) % 2**31)
+    sampler = make_sampler(cfg.sampler, model, tokenizer, compute_dtype, seed=derive_seed(cfg.seed, ENGINE_STREAM, rank) % 2**31)
     optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay,
                                   fused=True)   # one kernel for all parameters (2.8x faster step on CPU)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(o.schedule, o.warmup_steps, cfg.samples // a.n_step * a.get("num_iterations", 1)))
+        optimizer, lr_lambda(o.schedule, o.warmup_steps, cfg.samples // a.n_step * a.num_iterations))
     policy = CompletionLogprobs(model, temperature, share_prompt=not cfg.model.gradient_checkpointing)
     if world > 1:
         policy = DistributedDataParallel(policy, device_ids=[device.index] if device.type == "cuda" else None)
-    stream = PromptStream(len(train_records), derive_seed(cfg.seed, 2))
+    stream = PromptStream(len(train_records), derive_seed(cfg.seed, PROMPT_STREAM))
     auto_h = adaptive_h.Settings.from_config(a.auto_h, a.n_step) if a.H == "auto" else None
     h_state = adaptive_h.initial_state(auto_h) if auto_h else None
     start_round, elapsed0, samples_done = 0, 0.0, 0
@@ -168,7 +206,7 @@ def train(cfg: DictConfig) -> dict:
     def loss_fn(token_logp, batch, n_records, n_tokens):
         mask = batch.completion_mask
         correction = {}
-        if a.get("engine_correction", "none") != "none":   # μ_engine vs the trainer's μ: rapid/mismatch.py
+        if a.engine_correction != "none":   # μ_engine vs the trainer's μ: rapid/mismatch.py
             factors, correction = truncated_is_factors(batch.logp_mu, batch.logp_engine, mask, a.engine_correction,
                                                        a.engine_correction_cap)
             token_logp = scale_gradient(token_logp, factors)   # same values; each token's gradient times its factor
@@ -204,7 +242,7 @@ def train(cfg: DictConfig) -> dict:
         with clock.phase("reward"):
             rewards, failed = score(task, [c.text for _, _, c in flat], [train_records[i] for _, i, _ in flat],
                                     workers=cfg.reward.workers, timeout=cfg.reward.timeout_s)
-        if a.get("overlong_cache", 0):          # DAPO's soft overlong punishment
+        if a.overlong_cache:          # DAPO's soft overlong punishment
             lengths = torch.tensor([len(c.token_ids) for _, _, c in flat])
             rewards = (torch.tensor(rewards) + overlong_penalty(lengths, t.max_new_tokens, a.overlong_cache,
                                                                 a.overlong_penalty)).tolist()
@@ -217,7 +255,7 @@ def train(cfg: DictConfig) -> dict:
         correct = []
         row = evaluate(sampler, task, eval_records, eval_prompts, max_new_tokens=t.max_new_tokens,
                        temperature=cfg.eval.temperature, n_samples=cfg.eval.n_samples, sample_temperature=temperature,
-                       ks=tuple(cfg.eval.ks), rank=rank, world=world, device=device, seed=derive_seed(cfg.seed, 3) % 2**31,
+                       ks=tuple(cfg.eval.ks), rank=rank, world=world, device=device, seed=derive_seed(cfg.seed, EVAL_STREAM) % 2**31,
                        outcomes=correct)
         row = {"round": round_, **row, "time/eval_s": time.perf_counter() - t0}
         if log:
@@ -247,7 +285,7 @@ def train(cfg: DictConfig) -> dict:
         clock = PhaseClock(device)
         rollouts, failed = sample_and_score(round_, positions, [round_indices[p] for p in positions], clock)
         dropped = 0
-        if a.get("dynamic_sampling", False):    # DAPO: drop all-equal groups, sample more prompts until full
+        if a.dynamic_sampling:    # DAPO: drop all-equal groups, sample more prompts until full
             rollouts, dropped = keep_informative_groups(rollouts)
             for attempt in range(1, a.dynamic_sampling_tries):
                 if len(rollouts) >= len(positions) * a.n_group:
@@ -263,7 +301,7 @@ def train(cfg: DictConfig) -> dict:
         buffer.clear()
         buffer.add(rollouts)
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, BUFFER_STREAM, round_))
-        passes = [buffer.minibatches(a.n_step // world, shuffle) for _ in range(a.get("num_iterations", 1))]
+        passes = [buffer.minibatches(a.n_step // world, shuffle) for _ in range(a.num_iterations)]
         mismatch = None
         if a.behavior_logprobs == "recompute":   # exact log μ: the trainer's forward at θ = μ, in the first pass's micro-batches
             with clock.phase("recompute"):
@@ -294,31 +332,15 @@ def train(cfg: DictConfig) -> dict:
         samples_done += H * a.n_step
         # 6. the new weights go to the sampler, in place
         with clock.phase("sync"):
-            sampler.wake_up()
             sampler.sync_weights(model)
         round_s = time.perf_counter() - t0
         # 7. log (sums over ranks, then means; times and memory are rank 0's)
-        phases = {f"time/{p}_s": 0.0 for p in PHASES} | clock.row()
-        n_tokens = sum(len(r.completion_ids) for r in rollouts)
-        loss_keys = sorted(k for k in steps[0] if k not in ("iw_max", "token_logp_gap", "grad_norm", "lr"))
-        sums = all_reduce_sum([len(rollouts), failed, dropped, sum(r.reward for r in rollouts),
-                               sum(r.reward == 1.0 for r in rollouts), n_tokens, sum(r.truncated for r in rollouts),
-                               steps[0]["token_logp_gap"] if mismatch is None else mismatch]
-                              + [sum(s[k] for s in steps) / len(steps) for k in loss_keys], device)
-        n = max(sums[0], 1)
         row = {"round": round_ + 1, "samples": samples_done, "epoch": stream.epoch + stream.pos / len(train_records),
-               "train/reward_mean": sums[3] / n, "train/accuracy": sums[4] / n, "train/completion_len": sums[5] / n,
-               "train/truncated_frac": sums[6] / n, "train/reward_failures": int(sums[1]),
-               "sampler/logprob_mismatch": sums[7] / world,
-               **{STAT_NAMES.get(k, f"loss/{k}"): v / world for k, v in zip(loss_keys, sums[8:])},
-               "train/grad_norm": steps[-1]["grad_norm"], "train/lr": steps[-1]["lr"],
-               **phases, "time/other_s": round_s - sum(phases[f"time/{p}_s"] for p in PHASES), "time/round_s": round_s,
-               "sampler/tokens_per_s": n_tokens / max(phases["time/generate_s"], 1e-9) * world,
+               **round_metrics(rollouts, steps, failed, mismatch, world, device),
+               **timing_metrics(clock.row(), round_s, sum(len(r.completion_ids) for r in rollouts) * world),
                "wall_s": time.perf_counter() - t_start}
-        if "iw_max" in steps[0]:
-            row["iw/max"] = all_reduce_max(max(s["iw_max"] for s in steps), device)
-        if a.get("dynamic_sampling", False):
-            row["train/dropped_groups"] = int(sums[2])
+        if a.dynamic_sampling:
+            row["train/dropped_groups"] = int(all_reduce_sum([dropped], device)[0])
         if auto_h:   # the next round's H, from this round's weights and phase times (averaged over ranks)
             times = all_reduce_sum([row[f"time/{p}_s"] / world for p in ("generate", "reward", "recompute", "train", "sync", "other")], device)
             h_state, decision = adaptive_h.update(h_state, auto_h, adaptive_h.Round(
@@ -345,20 +367,9 @@ def train(cfg: DictConfig) -> dict:
     # ---------------------------------------------------------------- final evaluation and summary
     if final is None:   # resumed a finished run: report, log nothing new
         final = run_eval(round_, log=False)
-    rows = logger.rows() if distributed.is_main() else []
-    evals = [r for r in rows if "eval/accuracy" in r]
-    train_rows = [r for r in rows if "train/reward_mean" in r]
-    summary = {"eval/accuracy_before": evals[0]["eval/accuracy"] if evals and evals[0]["round"] == 0 else None,
-               "eval/accuracy_after": final["eval/accuracy"], "rounds": round_, "samples": samples_done,
-               "unused_samples": sum(r.get("algorithm/unused_samples", 0) for r in train_rows),
-               "sampler": sampler.name, "algorithm": a.name,
+    summary = {"rounds": round_, "samples": samples_done, "sampler": sampler.name, "algorithm": a.name,
                "time/total_s": time.perf_counter() - t_start,
-               "time/rounds_s_total": sum(r["time/round_s"] for r in train_rows),
-               **{f"time/{p}_s_total": sum(r[f"time/{p}_s"] for r in train_rows) for p in (*PHASES, "other")},
-               **{f"{k}_avg": sum(r[k] for r in train_rows) / len(train_rows)   # over all steps (paper Table 3)
-                  for k in ("iw/staleness", "iw/log_w_mean") if train_rows and k in train_rows[0]},
-               **{f"{k}_max": max(r[k] for r in train_rows if k in r)
-                  for k in sorted({k for r in train_rows for k in r if k.startswith("mem/") and k != "mem/peak_is_process"})}}
+               **summarize(logger.rows() if distributed.is_main() else [], final)}
     if distributed.is_main():
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print0(json.dumps(summary, indent=2))

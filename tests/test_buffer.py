@@ -79,3 +79,8 @@ def test_keep_informative_groups_drops_exactly_the_all_equal_groups():
     kept, dropped = keep_informative_groups(records)
     assert dropped == 2
     assert [(r.group_id, r.reward) for r in kept] == [(2, 1.0), (2, 0.0), (4, 0.5), (4, 0.0)]
+    # members need not be adjacent; a group of one is dropped; unequal fractional rewards are kept
+    ids, rewards = [4, 8, 4, 8, 4, 8, 2, 2, 6, 9, 9], [1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.5, 0.25]
+    kept, dropped = keep_informative_groups([mk(g, r) for g, r in zip(ids, rewards)])
+    assert dropped == 3                                               # groups 4 (1, 1, 1), 2 (0, 0), 6 (one member)
+    assert sorted((r.group_id, r.reward) for r in kept) == [(8, 0.0), (8, 0.0), (8, 1.0), (9, 0.25), (9, 0.5)]

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from tests.test_iw_grpg import (G, PHI, REWARD, THETA, X, exact_gradient, expected_estimate, per_draw_gradients,
+from tests.test_iw_grpg import (G, PHI, REWARD, THETA, expected_estimate, per_draw_gradients,
                                 sample_draws)
 from tests.test_train import REPO
 

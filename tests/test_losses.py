@@ -12,7 +12,6 @@ import torch
 
 from rapid.losses import (
     dapo_loss,
-    drop_uniform_groups,
     group_normalized_advantages,
     grpo_loss,
     overlong_penalty,
@@ -460,16 +459,3 @@ def test_overlong_penalty_band_edges():
     # no soft band: a step after L_max
     torch.testing.assert_close(overlong_penalty(torch.tensor([99, 100, 101]), 100, 0),
                                torch.tensor([0.0, 0.0, -1.0]), **F32)
-
-
-def test_drop_uniform_groups_by_hand():
-    ids = torch.tensor([4, 8, 4, 8, 4, 8, 2, 2, 6, 9, 9])
-    rewards = t64([1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.5, 0.25])
-    # group 4: 1, 1, 1 -> drop; group 8: 0, 1, 0 -> keep; group 2: 0, 0 -> drop;
-    # group 6: one member -> drop; group 9: 0.5, 0.25 -> keep
-    keep = drop_uniform_groups(rewards, ids)
-    assert keep.dtype == torch.bool
-    assert keep.tolist() == [False, True, False, True, False, True, False, False, False, True, True]
-    # integer rewards: group 9 becomes 0, 0 and is dropped too
-    assert drop_uniform_groups(rewards.long(), ids).tolist() == [
-        False, True, False, True, False, True, False, False, False, False, False]

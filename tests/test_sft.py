@@ -19,11 +19,10 @@ import yaml
 
 from rapid.buffer import Rollout, collate
 from rapid.config import ConfigError
-from rapid.distill import SAMPLE_STREAM
 from rapid.models import char_tokenizer, load_model_and_tokenizer
 from rapid.policy import CompletionLogprobs
 from rapid.sampler import HFSampler
-from rapid.seeding import derive_seed
+from rapid.seeding import DISTILL_SAMPLE_STREAM, derive_seed
 from rapid.sft import load_examples, sft_loss
 from rapid.tasks import arithmetic
 from tests.helpers import encode, tiny_model
@@ -172,7 +171,7 @@ def test_distill_then_sft_end_to_end(tmp_path):
     prompts = arithmetic.build_prompts(records, tokenizer, **t)
     groups = HFSampler(model.eval(), tokenizer).generate(
         prompts, n=5, max_new_tokens=t["max_new_tokens"], temperature=0.7, top_p=cfg["distill"]["top_p"],
-        seeds=[derive_seed(cfg["seed"], SAMPLE_STREAM, i) for i in range(len(prompts))])
+        seeds=[derive_seed(cfg["seed"], DISTILL_SAMPLE_STREAM, i) for i in range(len(prompts))])
     accepted = [(i, c.token_ids) for i, group in enumerate(groups) for c in group
                 if contains_digit(c.text, records[i]) == 1.0]
     rows = [json.loads(line) for line in (teacher_dir / "distill.jsonl").read_text().splitlines()]

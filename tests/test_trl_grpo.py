@@ -14,7 +14,7 @@ import pytest
 from rapid.config import ConfigError
 from rapid.data import PromptStream
 from rapid.models import char_tokenizer
-from rapid.seeding import derive_seed
+from rapid.seeding import PROMPT_STREAM, derive_seed
 from rapid.tasks import load_splits
 from tests.test_train import REPO, TIMEOUT_S, env_for
 
@@ -94,7 +94,7 @@ def test_smoke_run_through_trl_writes_summary_metrics_and_times(tmp_path):
     # TRL counts prompt + completion tokens: each round's prompt tokens are those of rapid's prompts for
     # that round (n_inference / n_group = 4 of them, n_group = 4 completions each), in rapid's order
     _, _, prompts, _, _ = load_splits(tool.compose_config(args).task, char_tokenizer(), 16)
-    stream = PromptStream(len(prompts), derive_seed(0, 2))
+    stream = PromptStream(len(prompts), derive_seed(0, PROMPT_STREAM))
     seen = 0
     for r in rows[0], rows[2]:
         prompt_tokens = r["num_tokens"] - seen - r["completions/mean_length"] * 16

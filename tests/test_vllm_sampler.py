@@ -9,7 +9,6 @@ import copy
 import json
 import os
 import subprocess
-import sys
 
 import psutil
 import pytest

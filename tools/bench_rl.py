@@ -192,7 +192,7 @@ def measure_floors(run_dir: Path) -> dict:
     from rapid.sampler import VLLMSampler, make_sampler
     from rapid.seeding import derive_seed
     from rapid.tasks import load_splits
-    from rapid.train import BUFFER_STREAM
+    from rapid.seeding import BUFFER_STREAM
 
     cfg = OmegaConf.load(run_dir / "config.yaml")
     if cfg.sampler.name != "vllm":
@@ -240,7 +240,7 @@ def measure_floors(run_dir: Path) -> dict:
         buffer.add(records)
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, BUFFER_STREAM, round_ - 1))
         minibatches = []
-        for mb in [m for _ in range(a.get("num_iterations", 1)) for m in buffer.minibatches(a.n_step // world, shuffle)]:
+        for mb in [m for _ in range(a.num_iterations) for m in buffer.minibatches(a.n_step // world, shuffle)]:
             chunks = [collate(mb[i:i + cfg.train.micro_batch], sampler.pad_id).to(device)
                       for i in range(0, len(mb), cfg.train.micro_batch)]
             minibatches.append(chunks)
@@ -395,7 +395,7 @@ def predict_runs(rows: list[dict], cm: dict, lengths_from: Path | None = None) -
             continue                                      # one process, a fixed number of samples per round
         pred = model.predict(cm, H=a.H, n_step=a.n_step, n_group=a.n_group, micro_batch=cfg.train.micro_batch,
                              completion_len=row["completion_len"],
-                             length_groups=rollout_length_groups(run_dir) or shared, passes=a.get("num_iterations", 1),
+                             length_groups=rollout_length_groups(run_dir) or shared, passes=a.num_iterations,
                              reference=a.loss == "grpo" and a.get("kl_coef", 0) > 0,
                              recompute=a.behavior_logprobs == "recompute")
         row["predicted_s_per_1k"] = 1000 * pred["total"]

@@ -67,7 +67,7 @@ from rapid.evaluate import evaluate
 from rapid.models import load_model_and_tokenizer, unwrap
 from rapid.rewards import score
 from rapid.sampler import make_sampler
-from rapid.seeding import derive_seed
+from rapid.seeding import ENGINE_STREAM, EVAL_STREAM, PROMPT_STREAM, derive_seed
 from rapid.tasks import load_splits
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
     if cfg.rounds is None:   # whole epochs over the training set, as rapid.train
         cfg.rounds = math.ceil(cfg.epochs * len(train_records) / n_prompts)
     # rapid's prompt order: the run's stream, n_prompts per round
-    stream = PromptStream(len(train_records), derive_seed(cfg.seed, 2))
+    stream = PromptStream(len(train_records), derive_seed(cfg.seed, PROMPT_STREAM))
     order = [i for _ in range(cfg.rounds) for i in stream.take(n_prompts)]
     texts = prompt_texts(tokenizer, train_prompts)
     dataset = Dataset.from_dict({"prompt": [texts[i] for i in order], "record": order})
@@ -252,11 +252,11 @@ def main(argv: list[str] | None = None) -> dict:
     policy = unwrap(trainer.model)
     t1 = time.perf_counter()
     sampler = make_sampler(cfg.sampler, policy, tokenizer, DTYPES[cfg.model.dtype],
-                           seed=derive_seed(cfg.seed, 4, 0) % 2**31)   # rank 0's seed in rapid, on every rank
+                           seed=derive_seed(cfg.seed, ENGINE_STREAM, 0) % 2**31)   # rank 0's seed in rapid, on every rank
     final = evaluate(sampler, task, eval_records, eval_prompts, max_new_tokens=cfg.task.max_new_tokens,
                      temperature=cfg.eval.temperature, n_samples=cfg.eval.n_samples,
                      sample_temperature=cfg.sampler.temperature, ks=tuple(cfg.eval.ks), device=device,
-                     seed=derive_seed(cfg.seed, 3) % 2**31)
+                     seed=derive_seed(cfg.seed, EVAL_STREAM) % 2**31)
     eval_s = time.perf_counter() - t1
 
     summary = {"eval/accuracy_after": final["eval/accuracy"], "eval/n": final["eval/n"], "rounds": cfg.rounds,

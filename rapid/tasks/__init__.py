@@ -56,6 +56,11 @@ def encode_prompts(user_texts: list[str], tokenizer, system: str = "", use_chat_
     return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
+def record_id(record: dict) -> str:
+    """A record's name in its dataset (arithmetic and multistep problems are named by their question)."""
+    return str(record.get("task_id") or record.get("unique_id") or record.get("name") or record.get("question"))
+
+
 def load_splits(task_cfg, tokenizer, n_eval: int | None = None):
     """(task module, train records, train prompts, eval records, eval prompts) for a `task` config;
     the eval split is cut to its first `n_eval` records."""
