@@ -9,7 +9,7 @@ TORCH := $(if $(HAS_CUDA),torch,torch==2.13.0)
 EXTRAS := $(if $(HAS_CUDA),gpu,cpu),dev,bench
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test smoke sweep-h default-results bench bench-rl bench-rl-gpu clean clip-bias \
+.PHONY: help install run test lint format smoke sweep-h default-results bench bench-rl bench-rl-gpu clean clip-bias \
         reproduce-table1 reproduce-table2 reproduce-table3 reproduce-table4 \
         reproduce-table1-cpu reproduce-table2-cpu reproduce-table3-cpu reproduce-table4-cpu reproduce-ablations-cpu
 
@@ -38,6 +38,14 @@ run: install  ## the default run: RAPID on procedurally generated addition, Smol
 
 test: install  ## the test suite (tiny models built in the tests; includes short end-to-end runs)
 	$(PY) -m pytest -q
+
+lint: install  ## ruff: lint and check the formatting (CI runs this before the tests)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install  ## ruff: apply the safe fixes and the formatting
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 smoke: install  ## a <2 min end-to-end run on a tiny random model
 	$(PY) -m rapid.train +experiment=smoke

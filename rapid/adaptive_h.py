@@ -54,56 +54,65 @@ same H. `State.state_dict()` goes into the checkpoint: a resumed run continues w
 sequence (exactly so with τ = 0; with τ > 0 as far as the times it measures after resuming agree).
 Pure functions of plain numbers: no model, no config object, no I/O.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Sequence
 
-EMA = 0.5            # weight of the newest measurement in the per-size averages of the phase times
-MIN_DRIFT_ESS = 1e-12   # d_k is floored here so that ℓ_k stays finite
+EMA = 0.5  # weight of the newest measurement in the per-size averages of the phase times
+MIN_DRIFT_ESS = 1e-12  # d_k is floored here so that ℓ_k stays finite
 
 
 @dataclass(frozen=True)
 class Settings:
     """`algorithm.auto_h` (conf/algorithm/rapid.yaml) and `algorithm.n_step`."""
+
     h_min: int
     h_max: int
-    ess_target: float        # ρ
-    ess_floor: float         # early stop below this drift ESS
-    cost_tolerance: float    # τ
+    ess_target: float  # ρ
+    ess_floor: float  # early stop below this drift ESS
+    cost_tolerance: float  # τ
     n_step: int
 
     @classmethod
-    def from_config(cls, auto_h, n_step: int) -> "Settings":
-        return cls(int(auto_h.min), int(auto_h.max), float(auto_h.ess_target), float(auto_h.ess_floor),
-                   float(auto_h.cost_tolerance), int(n_step))
+    def from_config(cls, auto_h, n_step: int) -> Settings:
+        return cls(
+            int(auto_h.min),
+            int(auto_h.max),
+            float(auto_h.ess_target),
+            float(auto_h.ess_floor),
+            float(auto_h.cost_tolerance),
+            int(n_step),
+        )
 
 
 @dataclass
 class State:
-    H: int                                                       # the next round's H
-    generate_s: dict[int, float] = field(default_factory=dict)   # samples per round -> averaged generation seconds
-    per_sample_s: float | None = None                            # λ, averaged
-    per_round_s: float | None = None                             # F, averaged
+    H: int  # the next round's H
+    generate_s: dict[int, float] = field(default_factory=dict)  # samples per round -> averaged generation seconds
+    per_sample_s: float | None = None  # λ, averaged
+    per_round_s: float | None = None  # F, averaged
 
     def state_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_state_dict(cls, state: dict) -> "State":
+    def from_state_dict(cls, state: dict) -> State:
         return cls(**state)
 
 
 @dataclass(frozen=True)
 class Round:
     """What one round measured (every value already averaged over ranks)."""
-    H: int                   # steps planned; H · n_step samples were generated
-    ess: Sequence[float]     # e_1..e_m of the m steps measured (m < H after an early stop)
-    generate_s: float        # generation phase
-    reward_s: float          # reward (and recompute) phases: per generated sample
-    train_s: float           # train phase: per measured step's samples
-    fixed_s: float           # weight sync and everything else in the round
+
+    H: int  # steps planned; H · n_step samples were generated
+    ess: Sequence[float]  # e_1..e_m of the m steps measured (m < H after an early stop)
+    generate_s: float  # generation phase
+    reward_s: float  # reward (and recompute) phases: per generated sample
+    train_s: float  # train phase: per measured step's samples
+    fixed_s: float  # weight sync and everything else in the round
 
 
 def initial_state(settings: Settings) -> State:
@@ -152,9 +161,9 @@ def fit_generation(generate_s: dict[int, float]) -> tuple[float, float] | None:
     mb, mt = sum(b) / len(b), sum(t) / len(t)
     beta = sum((bi - mb) * (ti - mt) for bi, ti in zip(b, t)) / sum((bi - mb) ** 2 for bi in b)
     alpha = mt - beta * mb
-    if beta < 0:                                   # more samples took less time (noise): all of it per round
+    if beta < 0:  # more samples took less time (noise): all of it per round
         return mt, 0.0
-    if alpha < 0:                                  # nothing to amortise: a line through the origin
+    if alpha < 0:  # nothing to amortise: a line through the origin
         return 0.0, sum(bi * ti for bi, ti in zip(b, t)) / sum(bi * bi for bi in b)
     return alpha, beta
 
@@ -174,24 +183,32 @@ def update(state: State, settings: Settings, r: Round) -> tuple[State, dict]:
     b = r.H * n
     generate_s = dict(state.generate_s)
     generate_s[b] = average(generate_s.get(b), r.generate_s)
-    state = replace(state, generate_s=generate_s,
-                    per_sample_s=average(state.per_sample_s, r.reward_s / b + r.train_s / (max(1, len(r.ess)) * n)),
-                    per_round_s=average(state.per_round_s, r.fixed_s))
+    state = replace(
+        state,
+        generate_s=generate_s,
+        per_sample_s=average(state.per_sample_s, r.reward_s / b + r.train_s / (max(1, len(r.ess)) * n)),
+        per_round_s=average(state.per_round_s, r.fixed_s),
+    )
     h_cap = ess_cap(r.ess, settings)
     log = {"algorithm/ess_last": drift_ess(r.ess)[-1] if r.ess else 1.0, "algorithm/next_H_ess": h_cap}
     s = drift_rate(r.ess)
     if s is not None:
         log["algorithm/drift"] = s
-    h_cost = h_cap                                 # τ = 0, or one batch size timed so far
+    h_cost = h_cap  # τ = 0, or one batch size timed so far
     fit = fit_generation(generate_s)
     if fit is not None and settings.cost_tolerance > 0:
         alpha, beta = fit
         cheapest = cost_per_sample(h_cap, alpha, beta, state, n)
-        h_cost = next(h for h in range(settings.h_min, h_cap + 1)
-                      if cost_per_sample(h, alpha, beta, state, n) <= (1 + settings.cost_tolerance) * cheapest)
+        h_cost = next(
+            h
+            for h in range(settings.h_min, h_cap + 1)
+            if cost_per_sample(h, alpha, beta, state, n) <= (1 + settings.cost_tolerance) * cheapest
+        )
     h_next = max(settings.h_min, min(h_cost, 2 * r.H, settings.h_max))
     log |= {"algorithm/next_H_cost": h_cost, "algorithm/next_H": h_next}
     if fit is not None:
-        log |= {"algorithm/gen_alpha_s": fit[0],
-                "algorithm/predicted_s_per_sample": cost_per_sample(h_next, *fit, state, n)}
+        log |= {
+            "algorithm/gen_alpha_s": fit[0],
+            "algorithm/predicted_s_per_sample": cost_per_sample(h_next, *fit, state, n),
+        }
     return replace(state, H=h_next), log

@@ -12,6 +12,7 @@ all siblings), and the order is a seeded shuffle of the groups.
 `collate` turns whole groups into padded tensors: one left-padded prompt row per group and one
 right-padded completion row per record, so that the policy can run each shared prompt once.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,15 +22,15 @@ import torch
 
 @dataclass
 class Rollout:
-    prompt_ids: list[int]        # tokens of the prompt x_n (chat template applied)
-    completion_ids: list[int]    # tokens of the completion y_n (EOS included when it stopped)
-    logp_mu: list[float]         # log μ(y_n,t | x_n, y_n,<t), one per completion token
-    reward: float                # R(x_n, y_n)
-    group_id: int                # index of the prompt's group N_k (unique within a round)
-    truncated: bool              # hit the completion length limit without stopping
-    text: str = ""               # decoded completion, for logging and rewards
-    prompt_index: int = -1       # position of the problem in the task's training split
-    logp_engine: list[float] | None = None   # the sampler's own log-probs, kept when log μ is recomputed
+    prompt_ids: list[int]  # tokens of the prompt x_n (chat template applied)
+    completion_ids: list[int]  # tokens of the completion y_n (EOS included when it stopped)
+    logp_mu: list[float]  # log μ(y_n,t | x_n, y_n,<t), one per completion token
+    reward: float  # R(x_n, y_n)
+    group_id: int  # index of the prompt's group N_k (unique within a round)
+    truncated: bool  # hit the completion length limit without stopping
+    text: str = ""  # decoded completion, for logging and rewards
+    prompt_index: int = -1  # position of the problem in the task's training split
+    logp_engine: list[float] | None = None  # the sampler's own log-probs, kept when log μ is recomputed
 
 
 @dataclass
@@ -37,17 +38,18 @@ class Batch:
     """Whole groups of n completions; the members of a group are consecutive rows and share
     one prompt row. Prompts are left-padded, completions right-padded, so that every
     completion starts right after column P of its prompt."""
-    prompt_ids: torch.Tensor       # [G, P]  one prompt per group, left-padded
-    prompt_mask: torch.Tensor      # [G, P]  1 on real tokens
-    completion_ids: torch.Tensor   # [B, C]  B = G * n, right-padded
-    completion_mask: torch.Tensor  # [B, C]  True on completion tokens
-    logp_mu: torch.Tensor          # [B, C]  per-token log μ (0 on padding)
-    rewards: torch.Tensor          # [B]
-    group_ids: torch.Tensor        # [B]
-    group_size: int                # n
-    logp_engine: torch.Tensor | None = None   # [B, C]  the sampler's log-probs (= logp_mu unless recomputed)
 
-    def to(self, device: torch.device | str) -> "Batch":
+    prompt_ids: torch.Tensor  # [G, P]  one prompt per group, left-padded
+    prompt_mask: torch.Tensor  # [G, P]  1 on real tokens
+    completion_ids: torch.Tensor  # [B, C]  B = G * n, right-padded
+    completion_mask: torch.Tensor  # [B, C]  True on completion tokens
+    logp_mu: torch.Tensor  # [B, C]  per-token log μ (0 on padding)
+    rewards: torch.Tensor  # [B]
+    group_ids: torch.Tensor  # [B]
+    group_size: int  # n
+    logp_engine: torch.Tensor | None = None  # [B, C]  the sampler's log-probs (= logp_mu unless recomputed)
+
+    def to(self, device: torch.device | str) -> Batch:
         return Batch(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in self.__dict__.items()})
 
     def __len__(self) -> int:
@@ -58,8 +60,10 @@ def collate(rollouts: list[Rollout], pad_id: int) -> Batch:
     """Pad rollouts (whole groups, members consecutive) into a `Batch`."""
     B = len(rollouts)
     n = next((i for i, r in enumerate(rollouts) if r.group_id != rollouts[0].group_id), B)
-    if B % n or any(rollouts[i].group_id != rollouts[i - i % n].group_id or
-                    rollouts[i].prompt_ids != rollouts[i - i % n].prompt_ids for i in range(B)):
+    if B % n or any(
+        rollouts[i].group_id != rollouts[i - i % n].group_id or rollouts[i].prompt_ids != rollouts[i - i % n].prompt_ids
+        for i in range(B)
+    ):
         raise ValueError("collate needs whole groups of equal size, members consecutive, sharing one prompt")
     heads = rollouts[::n]
     P = max(len(r.prompt_ids) for r in heads)
@@ -67,8 +71,8 @@ def collate(rollouts: list[Rollout], pad_id: int) -> Batch:
     prompt_ids = torch.full((len(heads), P), pad_id, dtype=torch.long)
     prompt_mask = torch.zeros((len(heads), P), dtype=torch.long)
     for g, r in enumerate(heads):
-        prompt_ids[g, P - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.long)
-        prompt_mask[g, P - len(r.prompt_ids):] = 1
+        prompt_ids[g, P - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+        prompt_mask[g, P - len(r.prompt_ids) :] = 1
     completion_ids = torch.full((B, C), pad_id, dtype=torch.long)
     completion_mask = torch.zeros((B, C), dtype=torch.bool)
     logp_mu = torch.zeros((B, C), dtype=torch.float32)
@@ -79,11 +83,17 @@ def collate(rollouts: list[Rollout], pad_id: int) -> Batch:
         completion_mask[i, :c] = True
         logp_mu[i, :c] = torch.tensor(r.logp_mu, dtype=torch.float32)
         logp_engine[i, :c] = torch.tensor(r.logp_mu if r.logp_engine is None else r.logp_engine, dtype=torch.float32)
-    return Batch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
-                 completion_mask=completion_mask, logp_mu=logp_mu,
-                 rewards=torch.tensor([r.reward for r in rollouts], dtype=torch.float32),
-                 group_ids=torch.tensor([r.group_id for r in rollouts], dtype=torch.long), group_size=n,
-                 logp_engine=logp_engine)
+    return Batch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        logp_mu=logp_mu,
+        rewards=torch.tensor([r.reward for r in rollouts], dtype=torch.float32),
+        group_ids=torch.tensor([r.group_id for r in rollouts], dtype=torch.long),
+        group_size=n,
+        logp_engine=logp_engine,
+    )
 
 
 class ReplayBuffer:
@@ -113,16 +123,18 @@ class ReplayBuffer:
         groups = self.groups()
         sizes = {len(g) for g in groups}
         if len(sizes) != 1:
-            raise ValueError(f"groups in the buffer have different sizes {sorted(sizes)}; "
-                             "every prompt must have n_group completions")
+            raise ValueError(
+                f"groups in the buffer have different sizes {sorted(sizes)}; every prompt must have n_group completions"
+            )
         group_size = sizes.pop()
         if n_step % group_size or len(self.records) % n_step:
-            raise ValueError(f"n_step={n_step} must be a multiple of the group size {group_size} "
-                             f"and divide the buffer size {len(self.records)}")
+            raise ValueError(
+                f"n_step={n_step} must be a multiple of the group size {group_size} "
+                f"and divide the buffer size {len(self.records)}"
+            )
         per_batch = n_step // group_size
         order = torch.randperm(len(groups), generator=generator).tolist()
-        return [[r for k in order[i:i + per_batch] for r in groups[k]]
-                for i in range(0, len(order), per_batch)]
+        return [[r for k in order[i : i + per_batch] for r in groups[k]] for i in range(0, len(order), per_batch)]
 
 
 def keep_informative_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], int]:

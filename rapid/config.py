@@ -3,13 +3,14 @@
 rapid/adaptive_h.py), and `div`, a // b but at least 1, so that a sweep over H can evaluate every so many
 samples (`eval.every='${div:512,${algorithm.n_inference}}'`); the run's length in rounds and samples; and
 the resolution of `algorithm.behavior_logprobs: auto`."""
+
 from __future__ import annotations
 
 import functools
 import math
 import sys
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -24,6 +25,7 @@ class ConfigError(ValueError):
 
 def exit_on_config_error(main: Callable) -> Callable:
     """Entry-point decorator: a ConfigError ends the program with its one sentence, not a traceback."""
+
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
         try:
@@ -31,11 +33,12 @@ def exit_on_config_error(main: Callable) -> Callable:
         except ConfigError as e:
             print(f"rapid: {e}", flush=True)
             sys.exit(2)
+
     return wrapper
 
 
 def register_resolvers() -> None:
-    if not OmegaConf.has_resolver("mul"):   # ${mul:a,b}: the product, or auto when a factor is auto
+    if not OmegaConf.has_resolver("mul"):  # ${mul:a,b}: the product, or auto when a factor is auto
         OmegaConf.register_new_resolver("mul", lambda *xs: "auto" if "auto" in xs else math.prod(int(x) for x in xs))
     if not OmegaConf.has_resolver("div"):
         OmegaConf.register_new_resolver("div", lambda a, b: max(1, int(a) // int(b)))
@@ -68,20 +71,32 @@ def resolve_behavior_logprobs(cfg: DictConfig) -> str:
 
 # (key, kind, lowest value, whether the lowest is excluded, what null means or None if null is wrong)
 NUMBERS = [
-    ("seed", int, None, False, None), ("rounds", int, 1, False, "epochs decide"), ("epochs", float, 0, True, None),
-    ("algorithm.H", int, 1, False, None), ("algorithm.n_step", int, 1, False, None),
-    ("algorithm.n_group", int, 1, False, None), ("algorithm.n_inference", int, 1, False, None),
-    ("algorithm.eta", float, 1, False, "no truncation"), ("sampler.temperature", float, None, False, None),
-    ("optim.lr", float, 0, True, None), ("optim.weight_decay", float, 0, False, None),
-    ("optim.grad_clip", float, 0, True, None), ("optim.warmup_steps", int, 0, False, None),
-    ("reward.workers", int, 0, False, None), ("reward.timeout_s", float, 0, True, None),
-    ("train.micro_batch", int, 1, False, None), ("task.max_new_tokens", int, 1, False, None),
-    ("eval.n", int, 1, False, "the whole test split"), ("eval.every", int, 0, False, None),
-    ("eval.temperature", float, 0, False, None), ("eval.n_samples", int, 1, False, None),
-    ("ckpt.every", int, 0, False, None), ("ckpt.keep", int, 0, False, None),
+    ("seed", int, None, False, None),
+    ("rounds", int, 1, False, "epochs decide"),
+    ("epochs", float, 0, True, None),
+    ("algorithm.H", int, 1, False, None),
+    ("algorithm.n_step", int, 1, False, None),
+    ("algorithm.n_group", int, 1, False, None),
+    ("algorithm.n_inference", int, 1, False, None),
+    ("algorithm.eta", float, 1, False, "no truncation"),
+    ("sampler.temperature", float, None, False, None),
+    ("optim.lr", float, 0, True, None),
+    ("optim.weight_decay", float, 0, False, None),
+    ("optim.grad_clip", float, 0, True, None),
+    ("optim.warmup_steps", int, 0, False, None),
+    ("reward.workers", int, 0, False, None),
+    ("reward.timeout_s", float, 0, True, None),
+    ("train.micro_batch", int, 1, False, None),
+    ("task.max_new_tokens", int, 1, False, None),
+    ("eval.n", int, 1, False, "the whole test split"),
+    ("eval.every", int, 0, False, None),
+    ("eval.temperature", float, 0, False, None),
+    ("eval.n_samples", int, 1, False, None),
+    ("ckpt.every", int, 0, False, None),
+    ("ckpt.keep", int, 0, False, None),
 ]
 CHOICES = {"optim.schedule": ("constant", "linear", "cosine")}
-AUTO_KEYS = ("algorithm.H", "algorithm.n_inference")   # may also be `auto` (rapid/adaptive_h.py)
+AUTO_KEYS = ("algorithm.H", "algorithm.n_inference")  # may also be `auto` (rapid/adaptive_h.py)
 _ABSENT = object()
 
 
@@ -96,8 +111,11 @@ def check_numbers(cfg: DictConfig) -> None:
         if not is_kind or (low is not None and (value <= low if strict else value < low)):
             what = "an integer" if kind is int else "a number"
             bound = "" if low is None else f" {'>' if strict else '>='} {low}"
-            raise ConfigError(f"{key}={value!r} must be {what}{bound}" + (f" (or null: {null})" if null else "")
-                              + (" or auto" if key in AUTO_KEYS else ""))
+            raise ConfigError(
+                f"{key}={value!r} must be {what}{bound}"
+                + (f" (or null: {null})" if null else "")
+                + (" or auto" if key in AUTO_KEYS else "")
+            )
     for key, words in CHOICES.items():
         value = OmegaConf.select(cfg, key, default=_ABSENT)
         if value is not _ABSENT and value not in words:
@@ -115,9 +133,12 @@ def validate(cfg: DictConfig, world: int) -> None:
     if a.get("behavior_logprobs") in ("auto", "sampler", "recompute"):
         a.behavior_logprobs = resolve_behavior_logprobs(cfg)
         if a.behavior_logprobs == "sampler" and cfg.model.dtype != "float32":
-            warnings.warn(f"algorithm.behavior_logprobs=sampler with model.dtype={cfg.model.dtype}: the engine's and the "
-                          "trainer's log-probs differ per token, so first-step importance weights are noise, not "
-                          "staleness; algorithm.behavior_logprobs=recompute (or auto) avoids it", stacklevel=2)
+            warnings.warn(
+                f"algorithm.behavior_logprobs=sampler with model.dtype={cfg.model.dtype}: the engine's and the "
+                "trainer's log-probs differ per token, so first-step importance weights are noise, not "
+                "staleness; algorithm.behavior_logprobs=recompute (or auto) avoids it",
+                stacklevel=2,
+            )
     correction = a.get("engine_correction", "none")
     auto = a.H == "auto"
     samples = cfg.get("samples")
@@ -125,63 +146,105 @@ def validate(cfg: DictConfig, world: int) -> None:
         (auto or (isinstance(a.H, int) and a.H >= 1), f"algorithm.H={a.H} must be a positive integer or auto"),
         (a.n_group >= 2 or not a.leave_one_out, "algorithm.leave_one_out needs algorithm.n_group >= 2"),
         (a.n_group >= 1, f"algorithm.n_group={a.n_group} must be at least 1"),
-        (a.n_step % a.n_group == 0,
-         f"algorithm.n_step={a.n_step} must be a multiple of algorithm.n_group={a.n_group}, so that a "
-         "minibatch holds whole groups"),
-        (a.n_inference == ("auto" if auto else a.H * a.n_step),
-         f"algorithm.n_inference={a.n_inference} must equal H * n_step = {'auto' if auto else a.H * a.n_step}: "
-         "set algorithm.H and algorithm.n_step, not n_inference"),
-        (samples is None or (samples >= 1 and samples % (a.n_step if auto else a.n_inference) == 0),
-         f"samples={samples} must be a positive multiple of " +
-         (f"algorithm.n_step = {a.n_step}" if auto else f"the samples per round, n_inference = H * n_step = {a.n_inference}")),
-        (a.n_step % (a.n_group * world) == 0,
-         f"algorithm.n_step={a.n_step} must split into whole groups of {a.n_group} over {world} ranks "
-         f"(a multiple of n_group * world_size = {a.n_group * world})"),
+        (
+            a.n_step % a.n_group == 0,
+            f"algorithm.n_step={a.n_step} must be a multiple of algorithm.n_group={a.n_group}, so that a "
+            "minibatch holds whole groups",
+        ),
+        (
+            a.n_inference == ("auto" if auto else a.H * a.n_step),
+            f"algorithm.n_inference={a.n_inference} must equal H * n_step = {'auto' if auto else a.H * a.n_step}: "
+            "set algorithm.H and algorithm.n_step, not n_inference",
+        ),
+        (
+            samples is None or (samples >= 1 and samples % (a.n_step if auto else a.n_inference) == 0),
+            f"samples={samples} must be a positive multiple of "
+            + (
+                f"algorithm.n_step = {a.n_step}"
+                if auto
+                else f"the samples per round, n_inference = H * n_step = {a.n_inference}"
+            ),
+        ),
+        (
+            a.n_step % (a.n_group * world) == 0,
+            f"algorithm.n_step={a.n_step} must split into whole groups of {a.n_group} over {world} ranks "
+            f"(a multiple of n_group * world_size = {a.n_group * world})",
+        ),
         (a.eta is None or a.eta >= 1.0, f"algorithm.eta={a.eta} must be >= 1 (or null for no truncation)"),
-        (cfg.train.micro_batch % a.n_group == 0,
-         f"train.micro_batch={cfg.train.micro_batch} must be a multiple of algorithm.n_group={a.n_group}"),
+        (
+            cfg.train.micro_batch % a.n_group == 0,
+            f"train.micro_batch={cfg.train.micro_batch} must be a multiple of algorithm.n_group={a.n_group}",
+        ),
         (cfg.model.dtype in DTYPES, f"model.dtype={cfg.model.dtype} must be one of {', '.join(DTYPES)}"),
-        (cfg.sampler.temperature > 0, f"sampler.temperature={cfg.sampler.temperature} must be > 0 for RL "
-         "(log-probs are taken at the sampling temperature)"),
-        (cfg.sampler.get("top_p", 1.0) == 1.0,
-         f"sampler.top_p={cfg.sampler.get('top_p')} would make log μ the renormalised nucleus while log π_θ is the "
-         "full softmax, so the importance weights and ratios would be wrong: keep sampler.top_p=1.0 for RL "
-         "(only distillation, distill.top_p, may truncate)"),
+        (
+            cfg.sampler.temperature > 0,
+            f"sampler.temperature={cfg.sampler.temperature} must be > 0 for RL "
+            "(log-probs are taken at the sampling temperature)",
+        ),
+        (
+            cfg.sampler.get("top_p", 1.0) == 1.0,
+            f"sampler.top_p={cfg.sampler.get('top_p')} would make log μ the renormalised nucleus while log π_θ is the "
+            "full softmax, so the importance weights and ratios would be wrong: keep sampler.top_p=1.0 for RL "
+            "(only distillation, distill.top_p, may truncate)",
+        ),
         (a.loss in ("iw_grpg", "grpo", "dapo"), f"algorithm.loss={a.loss} must be iw_grpg, grpo, dapo or sft"),
-        (a.behavior_logprobs in ("sampler", "recompute"),
-         f"algorithm.behavior_logprobs={a.behavior_logprobs} must be auto, sampler or recompute"),
-        (correction in ("none", "token", "sequence"),
-         f"algorithm.engine_correction={correction} must be none, token or sequence"),
-        (correction == "none" or a.behavior_logprobs == "recompute",
-         f"algorithm.engine_correction={correction} corrects between the trainer's recomputed log μ and the "
-         "engine's, so it needs algorithm.behavior_logprobs=recompute"),
-        (correction == "none" or a.engine_correction_cap >= 1.0,
-         f"algorithm.engine_correction_cap={a.get('engine_correction_cap')} must be >= 1"),
+        (
+            a.behavior_logprobs in ("sampler", "recompute"),
+            f"algorithm.behavior_logprobs={a.behavior_logprobs} must be auto, sampler or recompute",
+        ),
+        (
+            correction in ("none", "token", "sequence"),
+            f"algorithm.engine_correction={correction} must be none, token or sequence",
+        ),
+        (
+            correction == "none" or a.behavior_logprobs == "recompute",
+            f"algorithm.engine_correction={correction} corrects between the trainer's recomputed log μ and the "
+            "engine's, so it needs algorithm.behavior_logprobs=recompute",
+        ),
+        (
+            correction == "none" or a.engine_correction_cap >= 1.0,
+            f"algorithm.engine_correction_cap={a.get('engine_correction_cap')} must be >= 1",
+        ),
         (cfg.rounds is None or cfg.rounds >= 1, f"rounds={cfg.rounds} must be at least 1 (or null: epochs)"),
         (cfg.rounds is not None or cfg.epochs > 0, "set rounds, or leave it null and set epochs > 0"),
         (cfg.device in ("auto", "cpu", "cuda"), f"device={cfg.device} must be auto, cpu or cuda"),
-        (cfg.device != "cuda" or torch.cuda.is_available(),
-         "device=cuda was asked for but no CUDA GPU is visible: run on a GPU machine or set device=cpu"),
+        (
+            cfg.device != "cuda" or torch.cuda.is_available(),
+            "device=cuda was asked for but no CUDA GPU is visible: run on a GPU machine or set device=cpu",
+        ),
     ]
     if auto:
         h = a.get("auto_h")
         checks += [
-            (a.loss == "iw_grpg", f"algorithm.H=auto needs algorithm.loss=iw_grpg (it reads the IW-GRPG importance "
-             f"weights), not {a.loss}"),
-            (a.get("num_iterations", 1) == 1 and not a.get("dynamic_sampling", False),
-             "algorithm.H=auto takes one pass over each round's samples: set algorithm.num_iterations=1 and "
-             "algorithm.dynamic_sampling=false"),
-            (samples is not None or cfg.rounds is None,
-             "algorithm.H=auto runs to a sample budget: set samples=<n> (a multiple of algorithm.n_step), or "
-             "rounds=null to train for `epochs` passes"),
-            (h is not None, "algorithm.H=auto needs algorithm.auto_h (min, max, ess_target, ess_floor, "
-             "cost_tolerance; see conf/algorithm/rapid.yaml)"),
+            (
+                a.loss == "iw_grpg",
+                f"algorithm.H=auto needs algorithm.loss=iw_grpg (it reads the IW-GRPG importance "
+                f"weights), not {a.loss}",
+            ),
+            (
+                a.get("num_iterations", 1) == 1 and not a.get("dynamic_sampling", False),
+                "algorithm.H=auto takes one pass over each round's samples: set algorithm.num_iterations=1 and "
+                "algorithm.dynamic_sampling=false",
+            ),
+            (
+                samples is not None or cfg.rounds is None,
+                "algorithm.H=auto runs to a sample budget: set samples=<n> (a multiple of algorithm.n_step), or "
+                "rounds=null to train for `epochs` passes",
+            ),
+            (
+                h is not None,
+                "algorithm.H=auto needs algorithm.auto_h (min, max, ess_target, ess_floor, "
+                "cost_tolerance; see conf/algorithm/rapid.yaml)",
+            ),
         ]
         if h is not None:
             checks += [
                 (1 <= h.min <= h.max, f"algorithm.auto_h.min={h.min} and max={h.max} must satisfy 1 <= min <= max"),
-                (0 < h.ess_floor <= h.ess_target < 1, f"algorithm.auto_h.ess_floor={h.ess_floor} and "
-                 f"ess_target={h.ess_target} must satisfy 0 < ess_floor <= ess_target < 1"),
+                (
+                    0 < h.ess_floor <= h.ess_target < 1,
+                    f"algorithm.auto_h.ess_floor={h.ess_floor} and "
+                    f"ess_target={h.ess_target} must satisfy 0 < ess_floor <= ess_target < 1",
+                ),
                 (h.cost_tolerance >= 0, f"algorithm.auto_h.cost_tolerance={h.cost_tolerance} must be >= 0"),
             ]
     for ok, message in checks:

@@ -4,6 +4,7 @@
 training set each epoch (Algorithm 1 iterates over the shuffled set). Its state (epoch,
 position) goes into checkpoints, and the permutation of an epoch depends only on (seed, epoch).
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,7 +29,7 @@ class PromptStream:
                 self.epoch, self.pos = self.epoch + 1, 0
                 self._perm = self._permutation(self.epoch)
             n = min(k - len(out), self.n_records - self.pos)
-            out += self._perm[self.pos:self.pos + n]
+            out += self._perm[self.pos : self.pos + n]
             self.pos += n
         return out
 

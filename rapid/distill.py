@@ -21,6 +21,7 @@ engine once instead.
     python -m rapid.distill distill.teacher=outputs/<rl run>/checkpoints/round_000012/model
     python -m rapid.sft distill.data=outputs/<distill run>/distill.jsonl
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,9 @@ def teacher_config(teacher: str | None, model_cfg: DictConfig) -> DictConfig:
     entry = CONF / "model" / f"{teacher}.yaml"
     if entry.exists():
         return OmegaConf.load(entry)
-    return OmegaConf.create({"name": str(teacher), "path": str(teacher), "gguf": None, "architecture": None,
-                             "dtype": model_cfg.dtype})
+    return OmegaConf.create(
+        {"name": str(teacher), "path": str(teacher), "gguf": None, "architecture": None, "dtype": model_cfg.dtype}
+    )
 
 
 @hydra.main(config_path="../conf", config_name="sft", version_base=None)
@@ -76,15 +78,22 @@ def distill(cfg: DictConfig, run_dir: Path | None = None) -> dict:
     if d.n_samples < 1 or d.temperature <= 0:
         raise ConfigError(f"distill.n_samples={d.n_samples} must be >= 1 and distill.temperature={d.temperature} > 0")
     teacher_cfg = teacher_config(d.teacher, cfg.model)
-    teacher, tokenizer = load_model_and_tokenizer(teacher_cfg.path, teacher_cfg.gguf, teacher_cfg.architecture, seed=cfg.seed)
+    teacher, tokenizer = load_model_and_tokenizer(
+        teacher_cfg.path, teacher_cfg.gguf, teacher_cfg.architecture, seed=cfg.seed
+    )
     teacher.to(device).eval()
     task = get_task(t.name, t.module)
-    records = task.load("train", **t)[:d.n_prompts]
+    records = task.load("train", **t)[: d.n_prompts]
     prompts = task.build_prompts(records, tokenizer, **t)
     write_run_files(run_dir, cfg, device)
     print(OmegaConf.to_yaml(cfg, resolve=True))
-    sampler = make_sampler(cfg.sampler, teacher, tokenizer, DTYPES[teacher_cfg.dtype],
-                           seed=derive_seed(cfg.seed, DISTILL_ENGINE_STREAM) % 2**31)
+    sampler = make_sampler(
+        cfg.sampler,
+        teacher,
+        tokenizer,
+        DTYPES[teacher_cfg.dtype],
+        seed=derive_seed(cfg.seed, DISTILL_ENGINE_STREAM) % 2**31,
+    )
 
     t_start = time.perf_counter()
     counts = {"generated": 0, "kept": 0, "prompts_with_kept": 0, "reward_failures": 0}
@@ -93,32 +102,65 @@ def distill(cfg: DictConfig, run_dir: Path | None = None) -> dict:
         for start in tqdm(range(0, len(records), d.chunk), disable=not cfg.logger.progress, dynamic_ncols=True):
             chunk = range(start, min(start + d.chunk, len(records)))
             t0 = time.perf_counter()
-            seeds = [derive_seed(cfg.seed, DISTILL_SAMPLE_STREAM, i) for i in chunk]     # per prompt, whatever the chunk
-            groups = sampler.generate([prompts[i] for i in chunk], n=d.n_samples, max_new_tokens=t.max_new_tokens,
-                                      temperature=d.temperature, seeds=seeds, top_p=d.top_p)
+            seeds = [derive_seed(cfg.seed, DISTILL_SAMPLE_STREAM, i) for i in chunk]  # per prompt, whatever the chunk
+            groups = sampler.generate(
+                [prompts[i] for i in chunk],
+                n=d.n_samples,
+                max_new_tokens=t.max_new_tokens,
+                temperature=d.temperature,
+                seeds=seeds,
+                top_p=d.top_p,
+            )
             t1 = time.perf_counter()
             flat = [(i, c) for i, group in zip(chunk, groups) for c in group]
-            rewards, failed = score(task, [c.text for _, c in flat], [records[i] for i, _ in flat],
-                                    workers=cfg.reward.workers, timeout=cfg.reward.timeout_s)
+            rewards, failed = score(
+                task,
+                [c.text for _, c in flat],
+                [records[i] for i, _ in flat],
+                workers=cfg.reward.workers,
+                timeout=cfg.reward.timeout_s,
+            )
             clock["generate"] += t1 - t0
             clock["reward"] += time.perf_counter() - t1
             kept = [(i, c) for (i, c), r in zip(flat, rewards) if r == 1.0]
             for i, c in kept:
                 record = {"index": i, "id": record_id(records[i]), "question": question(records[i])}
-                out.write(json.dumps({"record": record, "prompt_ids": prompts[i], "completion_ids": c.token_ids,
-                                      "text": c.text, "finish_reason": c.finish_reason}) + "\n")
+                out.write(
+                    json.dumps(
+                        {
+                            "record": record,
+                            "prompt_ids": prompts[i],
+                            "completion_ids": c.token_ids,
+                            "text": c.text,
+                            "finish_reason": c.finish_reason,
+                        }
+                    )
+                    + "\n"
+                )
             counts["generated"] += len(flat)
             counts["kept"] += len(kept)
             counts["prompts_with_kept"] += len({i for i, _ in kept})
             counts["reward_failures"] += failed
-    summary = {"prompts": len(records), **counts, "acceptance_rate": counts["kept"] / max(counts["generated"], 1),
-               "teacher": teacher_cfg.name, "task": t.name, "n_samples": d.n_samples, "temperature": d.temperature,
-               "top_p": d.top_p, "sampler": sampler.name, "time/generate_s": clock["generate"],
-               "time/reward_s": clock["reward"], "time/total_s": time.perf_counter() - t_start}
+    summary = {
+        "prompts": len(records),
+        **counts,
+        "acceptance_rate": counts["kept"] / max(counts["generated"], 1),
+        "teacher": teacher_cfg.name,
+        "task": t.name,
+        "n_samples": d.n_samples,
+        "temperature": d.temperature,
+        "top_p": d.top_p,
+        "sampler": sampler.name,
+        "time/generate_s": clock["generate"],
+        "time/reward_s": clock["reward"],
+        "time/total_s": time.perf_counter() - t_start,
+    }
     (run_dir / "distill_summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
-    print(f"kept {counts['kept']} of {counts['generated']} completions ({summary['acceptance_rate']:.1%}) "
-          f"-> {run_dir / 'distill.jsonl'}")
+    print(
+        f"kept {counts['kept']} of {counts['generated']} completions ({summary['acceptance_rate']:.1%}) "
+        f"-> {run_dir / 'distill.jsonl'}"
+    )
     return summary
 
 

@@ -1,4 +1,5 @@
 """torchrun / DDP plumbing: one process per rank, gloo on CPU, nccl on GPU."""
+
 from __future__ import annotations
 
 import os
@@ -7,8 +8,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-
-_owned = False   # whether this module created the process group (a vLLM engine may create its own)
+_owned = False  # whether this module created the process group (a vLLM engine may create its own)
 
 
 def init(device: str = "auto") -> tuple[int, int, torch.device]:

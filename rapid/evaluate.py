@@ -10,6 +10,7 @@ summed. Results go to <run_dir>/eval.json and the console. `outcomes`, when give
 greedy verdict (1 or 0) of every problem in record order, gathered from all ranks: training runs keep
 them in <run_dir>/eval_outcomes.jsonl, so that confidence intervals can resample problems.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,32 +36,57 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
 
 
-def evaluate(sampler, task, records: list[dict], prompts: list[list[int]], *, max_new_tokens: int,
-             temperature: float = 0.0, n_samples: int = 1, sample_temperature: float = 1.0,
-             ks: tuple[int, ...] = (1,), rank: int = 0, world: int = 1, device=torch.device("cpu"),
-             seed: int = 0, outcomes: list[int] | None = None) -> dict[str, float]:
+def evaluate(
+    sampler,
+    task,
+    records: list[dict],
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    n_samples: int = 1,
+    sample_temperature: float = 1.0,
+    ks: tuple[int, ...] = (1,),
+    rank: int = 0,
+    world: int = 1,
+    device=torch.device("cpu"),
+    seed: int = 0,
+    outcomes: list[int] | None = None,
+) -> dict[str, float]:
     """`eval/accuracy` (greedy if temperature is 0), `eval/reward_mean`, `eval/completion_len`, `eval/n`,
     and with n_samples > 1 `eval/pass@k` for each k in ks from n_samples samples at sample_temperature."""
     mine = list(range(rank, len(records), world))
     my_prompts = [prompts[i] for i in mine]
-    first = sampler.generate(my_prompts, n=1, max_new_tokens=max_new_tokens, temperature=temperature,
-                             seeds=[seed + i for i in mine])
-    rewards = score(task, [c[0].text for c in first], [records[i] for i in mine])[0]   # a failed check: 0
+    first = sampler.generate(
+        my_prompts, n=1, max_new_tokens=max_new_tokens, temperature=temperature, seeds=[seed + i for i in mine]
+    )
+    rewards = score(task, [c[0].text for c in first], [records[i] for i in mine])[0]  # a failed check: 0
     values = [sum(r == 1.0 for r in rewards), sum(rewards), len(mine), sum(len(c[0].token_ids) for c in first)]
     if outcomes is not None:
         by_index = {i: int(r == 1.0) for part in all_gather_objects(list(zip(mine, rewards))) for i, r in part}
         outcomes[:] = [by_index[i] for i in range(len(records))]
     ks = tuple(k for k in ks if k <= n_samples) if n_samples > 1 else ()
     if ks:
-        groups = sampler.generate(my_prompts, n=n_samples, max_new_tokens=max_new_tokens,
-                                  temperature=sample_temperature, seeds=[seed + 7919 + i for i in mine])
-        correct = [sum(r == 1.0 for r in score(task, [c.text for c in group], [records[i]] * len(group))[0])
-                   for group, i in zip(groups, mine)]
+        groups = sampler.generate(
+            my_prompts,
+            n=n_samples,
+            max_new_tokens=max_new_tokens,
+            temperature=sample_temperature,
+            seeds=[seed + 7919 + i for i in mine],
+        )
+        correct = [
+            sum(r == 1.0 for r in score(task, [c.text for c in group], [records[i]] * len(group))[0])
+            for group, i in zip(groups, mine)
+        ]
         values += [sum(pass_at_k(n_samples, c, k) for c in correct) for k in ks]
     totals = all_reduce_sum(values, device)
     n = totals[2]
-    row = {"eval/accuracy": totals[0] / n, "eval/reward_mean": totals[1] / n, "eval/completion_len": totals[3] / n,
-           "eval/n": int(n)}
+    row = {
+        "eval/accuracy": totals[0] / n,
+        "eval/reward_mean": totals[1] / n,
+        "eval/completion_len": totals[3] / n,
+        "eval/n": int(n),
+    }
     row.update({f"eval/pass@{k}": v / n for k, v in zip(ks, totals[4:])})
     return row
 
@@ -83,14 +109,25 @@ def main(cfg: DictConfig) -> dict:
     model, tokenizer = load_model_and_tokenizer(path, gguf, architecture, seed=cfg.seed)
     model.to(device).eval()
     task = get_task(cfg.task.name, cfg.task.module)
-    records = task.load("test", **cfg.task)[:cfg.eval.n]
+    records = task.load("test", **cfg.task)[: cfg.eval.n]
     prompts = task.build_prompts(records, tokenizer, **cfg.task)
     dtype = DTYPES[cfg.model.dtype]
     sampler = make_sampler(cfg.sampler, model, tokenizer, dtype, seed=cfg.seed)
-    row = evaluate(sampler, task, records, prompts, max_new_tokens=cfg.task.max_new_tokens,
-                   temperature=cfg.eval.temperature, n_samples=cfg.eval.n_samples,
-                   sample_temperature=cfg.sampler.temperature, ks=tuple(cfg.eval.ks), rank=rank, world=world,
-                   device=device, seed=cfg.seed)
+    row = evaluate(
+        sampler,
+        task,
+        records,
+        prompts,
+        max_new_tokens=cfg.task.max_new_tokens,
+        temperature=cfg.eval.temperature,
+        n_samples=cfg.eval.n_samples,
+        sample_temperature=cfg.sampler.temperature,
+        ks=tuple(cfg.eval.ks),
+        rank=rank,
+        world=world,
+        device=device,
+        seed=cfg.seed,
+    )
     row = {"model": path or cfg.model.name, "task": cfg.task.name, "sampler": sampler.name, **row}
     if distributed.is_main():
         out = Path(HydraConfig.get().runtime.output_dir)

@@ -57,8 +57,7 @@ def group_index(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
     record's group in [0, K)), counts [K] N_k in the dtype of ``rewards``."""
     if rewards.dim() != 1 or group_ids.shape != rewards.shape:
         raise ValueError(
-            f"rewards and group_ids must both have shape [B]; got {tuple(rewards.shape)} "
-            f"and {tuple(group_ids.shape)}."
+            f"rewards and group_ids must both have shape [B]; got {tuple(rewards.shape)} and {tuple(group_ids.shape)}."
         )
     labels, inverse = torch.unique(group_ids, return_inverse=True)  # [K], [B] in [0, K)
     counts = torch.zeros(labels.numel(), dtype=rewards.dtype, device=rewards.device)
@@ -130,8 +129,7 @@ def iw_grpg_loss(
         raise ValueError(f"eta must be positive or None (no clipping); got {eta}.")
     if logp.dim() != 1 or logp_mu.shape != logp.shape:
         raise ValueError(
-            f"logp and logp_mu must both have shape [B]; got {tuple(logp.shape)} "
-            f"and {tuple(logp_mu.shape)}."
+            f"logp and logp_mu must both have shape [B]; got {tuple(logp.shape)} and {tuple(logp_mu.shape)}."
         )
     dtype = torch.float64 if logp.dtype == torch.float64 else torch.float32
     log_ratio = (logp.detach().to(dtype) - logp_mu.detach().to(dtype)).clamp(max=LOG_RATIO_MAX)
@@ -149,11 +147,31 @@ def iw_grpg_loss(
     removed = ((w - w_bar) * adv.abs()).sum()  # Σ (w − w̄)|A|
     clipped_mass = torch.where(mass > 0, removed / mass.clamp(min=torch.finfo(dtype).tiny), 0.0)
     values = torch.stack(
-        [clipped.mean(), log_w_bar.abs().mean(), log_w_bar.mean(), w.mean(), w.max(), w_bar.mean(),
-         w_bar.square().mean(), adv.mean(), adv.abs().mean(), clipped_mass]
+        [
+            clipped.mean(),
+            log_w_bar.abs().mean(),
+            log_w_bar.mean(),
+            w.mean(),
+            w.max(),
+            w_bar.mean(),
+            w_bar.square().mean(),
+            adv.mean(),
+            adv.abs().mean(),
+            clipped_mass,
+        ]
     ).tolist()  # one device sync
-    names = ("clip_frac", "staleness", "log_w_mean", "iw_mean", "iw_max", "w_bar_mean", "w_bar_sq_mean", "adv_mean",
-             "adv_abs_mean", "clipped_mass")
+    names = (
+        "clip_frac",
+        "staleness",
+        "log_w_mean",
+        "iw_mean",
+        "iw_max",
+        "w_bar_mean",
+        "w_bar_sq_mean",
+        "adv_mean",
+        "adv_abs_mean",
+        "clipped_mass",
+    )
     return loss, dict(zip(names, values))
 
 
@@ -167,7 +185,7 @@ def normalized_ess(w_bar_mean: float, w_bar_sq_mean: float) -> float:
     into micro-batches (or over ranks) are the size-weighted means of theirs, while ESS values are
     not. All-zero weights (every log-ratio below float range) give 0.
     """
-    return w_bar_mean ** 2 / w_bar_sq_mean if w_bar_sq_mean > 0 else 0.0
+    return w_bar_mean**2 / w_bar_sq_mean if w_bar_sq_mean > 0 else 0.0
 
 
 def sequence_logprobs(token_logp: Tensor, mask: Tensor) -> Tensor:

@@ -8,6 +8,7 @@ greedy verdicts go to <run_dir>/eval_outcomes.jsonl. Only rank 0 writes. The W&B
 <run_dir>/wandb_id, so that a resumed run logs into the same W&B run. On resume, rows after
 the checkpoint's round are dropped first, so the files read as if the run had never stopped.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,9 @@ from pathlib import Path
 def git_commit() -> str | None:
     """The commit of the code that ran (recorded in every run's meta.json)."""
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=Path(__file__).parent
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
 
@@ -36,8 +38,14 @@ def write_run_files(run_dir: Path, cfg, device, meta_name: str = "meta.json", **
 
     run_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    meta = {"git_commit": git_commit(), "argv": sys.argv, "device": str(device), "torch": torch.__version__,
-            "cpu": cpu_description(), **extra}
+    meta = {
+        "git_commit": git_commit(),
+        "argv": sys.argv,
+        "device": str(device),
+        "torch": torch.__version__,
+        "cpu": cpu_description(),
+        **extra,
+    }
     (run_dir / meta_name).write_text(json.dumps(meta, indent=2))
 
 
@@ -56,8 +64,14 @@ def read_rows(path: Path) -> list[dict]:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, enabled: bool = True, wandb_cfg: dict | None = None,
-                 config: dict | None = None, resume_round: int | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        enabled: bool = True,
+        wandb_cfg: dict | None = None,
+        config: dict | None = None,
+        resume_round: int | None = None,
+    ):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled, self.wandb = enabled, None
         if not enabled:
@@ -74,8 +88,14 @@ class MetricsLogger:
             id_file = Path(run_dir) / "wandb_id"
             if not id_file.exists():
                 id_file.write_text(uuid.uuid4().hex[:12] + "\n")
-            self.wandb = wandb.init(project=wandb_cfg.get("project"), name=wandb_cfg.get("name"),
-                                    dir=str(run_dir), config=config, id=id_file.read_text().strip(), resume="allow")
+            self.wandb = wandb.init(
+                project=wandb_cfg.get("project"),
+                name=wandb_cfg.get("name"),
+                dir=str(run_dir),
+                config=config,
+                id=id_file.read_text().strip(),
+                resume="allow",
+            )
 
     def rows(self) -> list[dict]:
         return read_rows(self.path) if self.path.exists() else []
@@ -97,8 +117,15 @@ class MetricsLogger:
         logp_pi = logp_pi or []
         with (self.path.parent / "rollouts.jsonl").open("a") as f:
             for i, r in enumerate(rollouts):
-                row = {"round": round_, "group": r.group_id, "prompt_index": r.prompt_index,
-                       "completion_ids": r.completion_ids, "text": r.text, "reward": r.reward, "truncated": r.truncated}
+                row = {
+                    "round": round_,
+                    "group": r.group_id,
+                    "prompt_index": r.prompt_index,
+                    "completion_ids": r.completion_ids,
+                    "text": r.text,
+                    "reward": r.reward,
+                    "truncated": r.truncated,
+                }
                 if i < len(logp_pi):
                     row |= {"logp_mu": list(r.logp_mu), "logp_pi": logp_pi[i]}
                 f.write(json.dumps(row) + "\n")

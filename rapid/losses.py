@@ -90,13 +90,9 @@ def _check_shapes(logp: Tensor, others: dict[str, Tensor | None], advantages: Te
         raise ValueError(f"logp must have shape [B, T]; got {tuple(logp.shape)}.")
     for name, x in others.items():
         if x is not None and x.shape != logp.shape:
-            raise ValueError(
-                f"{name} must have the shape of logp {tuple(logp.shape)}; got {tuple(x.shape)}."
-            )
+            raise ValueError(f"{name} must have the shape of logp {tuple(logp.shape)}; got {tuple(x.shape)}.")
     if advantages.shape != logp.shape[:1]:
-        raise ValueError(
-            f"advantages must have shape [B] = [{logp.shape[0]}]; got {tuple(advantages.shape)}."
-        )
+        raise ValueError(f"advantages must have shape [B] = [{logp.shape[0]}]; got {tuple(advantages.shape)}.")
 
 
 def _clipped_surrogate(
@@ -130,9 +126,7 @@ def _clipped_surrogate(
     return obj, [low, high, low + high, ratio_mean]
 
 
-def _aggregate(
-    obj: Tensor, keep: Tensor, aggregation: str, normalizer: float | None, max_tokens: int | None
-) -> Tensor:
+def _aggregate(obj: Tensor, keep: Tensor, aggregation: str, normalizer: float | None, max_tokens: int | None) -> Tensor:
     """−(aggregate of the per-token objective obj [B, T]) -> loss []; see the module docstring."""
     if aggregation == "seq_mean_token_mean":
         per_seq = obj.sum(-1) / keep.sum(-1).clamp(min=1)  # [B] token mean of each completion
@@ -228,9 +222,7 @@ def dapo_loss(
     """
     _check_shapes(logp, {"logp_old": logp_old, "mask": mask}, advantages)
     keep = mask.bool()
-    obj, stats = _clipped_surrogate(
-        logp, logp_old, advantages, keep, clip_low, clip_high, _compute_dtype(logp)
-    )
+    obj, stats = _clipped_surrogate(logp, logp_old, advantages, keep, clip_low, clip_high, _compute_dtype(logp))
     loss = _aggregate(obj, keep, "token_mean", normalizer, None)
     names = ("clip_frac_low", "clip_frac_high", "clip_frac", "ratio_mean")
     return loss, dict(zip(names, torch.stack(stats).tolist()))
@@ -249,9 +241,7 @@ def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int, penalty: flo
     (DAPO: L_max = 20480, L_cache = 4096, penalty 1.) ``cache_len = 0`` is a step at L_max.
     """
     if not 0 <= cache_len <= max_len:
-        raise ValueError(
-            f"need 0 <= cache_len <= max_len; got cache_len={cache_len}, max_len={max_len}."
-        )
+        raise ValueError(f"need 0 <= cache_len <= max_len; got cache_len={cache_len}, max_len={max_len}.")
     dtype = lengths.dtype if lengths.is_floating_point() else torch.get_default_dtype()
     over = (lengths.to(dtype) - (max_len - cache_len)).clamp(min=0)  # [B] tokens into the band
     ramp = (over / max(cache_len, 1)).clamp(max=1.0)  # [B] 0 → 1 across the band

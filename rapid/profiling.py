@@ -13,6 +13,7 @@ mark cannot be reset, the RSS reading is the process's peak so far (`mem/peak_is
 A phase entered several times in a round (dynamic sampling) adds its times and keeps its largest peak.
 CUDA work is synchronised at phase boundaries so that asynchronous kernels count where they ran.
 """
+
 from __future__ import annotations
 
 import time
@@ -22,14 +23,14 @@ from pathlib import Path
 
 import torch
 
-MIB = 2 ** 20
+MIB = 2**20
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _STATUS = Path("/proc/self/status")
 
 
 def _reset_rss_peak() -> bool:
     try:
-        _CLEAR_REFS.write_text("5")   # "5" resets the peak RSS (VmHWM) to the current RSS
+        _CLEAR_REFS.write_text("5")  # "5" resets the peak RSS (VmHWM) to the current RSS
         return True
     except OSError:
         return False
@@ -68,8 +69,10 @@ class PhaseClock:
             self.seconds[name] += time.perf_counter() - t0
             peaks = {"rss_mib": rss_peak_mib()}
             if self.cuda:
-                peaks |= {"cuda_alloc_mib": torch.cuda.max_memory_allocated() / MIB,
-                          "cuda_reserved_mib": torch.cuda.max_memory_reserved() / MIB}
+                peaks |= {
+                    "cuda_alloc_mib": torch.cuda.max_memory_allocated() / MIB,
+                    "cuda_reserved_mib": torch.cuda.max_memory_reserved() / MIB,
+                }
             for key, value in peaks.items():
                 if value is not None:
                     self.memory[f"mem/{name}_{key}"] = max(value, self.memory.get(f"mem/{name}_{key}", 0.0))
@@ -81,8 +84,24 @@ class PhaseClock:
         return row
 
 
-VECTOR_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-                "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+VECTOR_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "asimd",
+    "sve",
+)
 
 
 def cpu_description() -> str:

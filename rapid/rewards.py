@@ -13,6 +13,7 @@ group, and a hung worker is killed with its whole group, so that what it started
 dies with it; checkers that start their own sessions (the MBPP+ sandbox) end their processes when
 their parent dies (bubblewrap's --die-with-parent, PR_SET_PDEATHSIG).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -21,15 +22,16 @@ import multiprocessing as mp
 import os
 import signal
 import time
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from types import ModuleType
-from typing import Callable
 
 from rapid.config import ConfigError
 
 
-def score(task: ModuleType | Callable, completions: list[str], records: list[dict], workers: int = 0,
-          timeout: float = 60.0) -> tuple[list[float], int]:
+def score(
+    task: ModuleType | Callable, completions: list[str], records: list[dict], workers: int = 0, timeout: float = 60.0
+) -> tuple[list[float], int]:
     """(reward per completion, number of checks that crashed or timed out)."""
     if len(completions) != len(records):
         raise ValueError(f"{len(completions)} completions for {len(records)} records")
@@ -63,7 +65,7 @@ def _resolve(target: tuple[str, str]) -> Callable:
 
 
 def _worker(conn, target) -> None:
-    os.setpgid(0, 0)                       # a group of its own: killed with everything it started
+    os.setpgid(0, 0)  # a group of its own: killed with everything it started
     fn = _resolve(target)
     conn.send("ready")
     while (job := conn.recv()) is not None:
@@ -94,7 +96,7 @@ class RewardPool:
         for kill in (lambda: os.killpg(slot["proc"].pid, signal.SIGKILL), slot["proc"].kill):
             try:
                 kill()
-            except (OSError, ValueError):       # gone already, or not started
+            except (OSError, ValueError):  # gone already, or not started
                 pass
         slot["proc"].join(timeout=30)
 
@@ -107,7 +109,7 @@ class RewardPool:
         rewards: list[float] = [0.0] * len(completions)
         todo, pending, failed, stillborn = list(range(len(completions)))[::-1], len(completions), 0, 0
         while pending:
-            for slot in self.slots:                                   # hand out work to idle workers
+            for slot in self.slots:  # hand out work to idle workers
                 if slot["ready"] and slot["job"] is None and todo:
                     i = todo.pop()
                     slot["conn"].send((i, completions[i], records[i]))
@@ -121,12 +123,12 @@ class RewardPool:
                     message, dead = None, True
                 if message == "ready":
                     slot["ready"] = True
-                elif message is not None:                             # (index, reward or None if it raised)
+                elif message is not None:  # (index, reward or None if it raised)
                     i, reward = message
                     rewards[i] = reward or 0.0
                     failed, pending, slot["job"] = failed + (reward is None), pending - 1, None
                 elif dead or (slot["job"] is not None and time.monotonic() > slot["deadline"]):
-                    if slot["job"] is not None:                       # crashed or timed out: reward 0, counted
+                    if slot["job"] is not None:  # crashed or timed out: reward 0, counted
                         failed, pending = failed + 1, pending - 1
                     elif not slot["ready"]:
                         stillborn += 1
@@ -142,7 +144,7 @@ class RewardPool:
             except (OSError, ValueError):
                 pass
             slot["proc"].join(timeout=2)
-            self._kill(slot)                    # and whatever it left behind in its group
+            self._kill(slot)  # and whatever it left behind in its group
 
 
 _POOLS: dict[tuple, RewardPool] = {}
@@ -170,13 +172,20 @@ def self_test(task: ModuleType, records: list[dict], n: int, workers: int = 0, t
         return f"reward self-test skipped ({'off' if n <= 0 else 'the task has no reference answers'})"
     chosen = records[:n]
     pairs = [reference(r) for r in chosen]
-    rewards, _ = score(task, [c for pair in pairs for c in pair], [r for r in chosen for _ in range(2)],
-                       workers=workers, timeout=timeout)
+    rewards, _ = score(
+        task,
+        [c for pair in pairs for c in pair],
+        [r for r in chosen for _ in range(2)],
+        workers=workers,
+        timeout=timeout,
+    )
     for i, record in enumerate(chosen):
         right, wrong = rewards[2 * i], rewards[2 * i + 1]
         if right != 1.0 or wrong != 0.0:
             what = f"its reference answer scored {right}" if right != 1.0 else f"a wrong answer scored {wrong}"
             example = str(record.get("question") or record.get("problem") or record.get("task_id") or record)[:80]
-            raise RewardSelfTestError(f"the reward self-test failed on training example {i} ('{example}'): {what}; "
-                                      "check the task's grader and its dependencies, or set reward.self_test=0")
+            raise RewardSelfTestError(
+                f"the reward self-test failed on training example {i} ('{example}'): {what}; "
+                "check the task's grader and its dependencies, or set reward.self_test=0"
+            )
     return f"reward self-test passed: {len(chosen)} reference answers scored 1, their corrupted twins 0"

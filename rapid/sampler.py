@@ -19,6 +19,7 @@ sample), from exactly softmax(logits / T): the processors of the checkpoint's ge
 (repetition penalty, top-k, ...) are not applied. A completion does not depend on the batch it was generated in, on the number of
 ranks, or on where a resumed run restarted. `temperature=0` is greedy decoding.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,18 +44,25 @@ from rapid.seeding import derive_seed
 class Completion:
     token_ids: list[int]
     text: str
-    logprobs: list[float]     # log μ of each sampled token at the sampling temperature
-    finish_reason: str        # "stop" (EOS produced) or "length" (max_new_tokens reached)
+    logprobs: list[float]  # log μ of each sampled token at the sampling temperature
+    finish_reason: str  # "stop" (EOS produced) or "length" (max_new_tokens reached)
 
 
 class Sampler(Protocol):
     """What the training loop uses of a sampler."""
 
     name: str
-    pad_id: int          # the id that pads prompts and completions (the tokenizer's pad, else its EOS)
+    pad_id: int  # the id that pads prompts and completions (the tokenizer's pad, else its EOS)
 
-    def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int,
-                 temperature: float, seeds: list[int] | None = None, top_p: float = 1.0) -> list[list[Completion]]: ...
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        max_new_tokens: int,
+        temperature: float,
+        seeds: list[int] | None = None,
+        top_p: float = 1.0,
+    ) -> list[list[Completion]]: ...
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Make the next generate sample from `model`'s current parameters (waking the sampler if asleep)."""
@@ -77,24 +85,26 @@ class _SampleAndRecord(LogitsProcessor):
 
     def __init__(self, generators: list[torch.Generator] | None, temperature: float, top_p: float = 1.0):
         self.generators, self.temperature, self.top_p = generators, temperature, top_p
-        self.logprobs: list[torch.Tensor] = []   # one [B] tensor per step
+        self.logprobs: list[torch.Tensor] = []  # one [B] tensor per step
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         scores = scores.float()
-        if self.generators is None:                          # greedy: log-probs at T = 1
+        if self.generators is None:  # greedy: log-probs at T = 1
             logp = torch.log_softmax(scores, dim=-1)
             chosen = scores
         else:
             logp = torch.log_softmax(scores / self.temperature, dim=-1)
-            if self.top_p < 1.0:    # nucleus: the smallest set of tokens holding top_p of the mass, renormalised
+            if self.top_p < 1.0:  # nucleus: the smallest set of tokens holding top_p of the mass, renormalised
                 sorted_logp, order = logp.sort(dim=-1, descending=True)
                 mass_before = sorted_logp.exp().cumsum(-1) - sorted_logp.exp()
-                logp = logp.masked_fill((mass_before >= self.top_p).scatter(-1, order, mass_before >= self.top_p),
-                                        float("-inf"))
+                logp = logp.masked_fill(
+                    (mass_before >= self.top_p).scatter(-1, order, mass_before >= self.top_p), float("-inf")
+                )
                 logp = logp - logp.logsumexp(-1, keepdim=True)
             # argmax(log p - log E), E ~ Exp(1) iid, is an exact sample from p.
-            noise = torch.stack([torch.empty(scores.shape[-1]).exponential_(generator=g)
-                                 for g in self.generators]).to(scores.device)
+            noise = torch.stack([torch.empty(scores.shape[-1]).exponential_(generator=g) for g in self.generators]).to(
+                scores.device
+            )
             chosen = logp - noise.log()
         self.logprobs.append(logp.gather(-1, chosen.argmax(-1, keepdim=True)).squeeze(-1))
         return chosen
@@ -105,8 +115,14 @@ class HFSampler:
 
     name = "hf"
 
-    def __init__(self, model: torch.nn.Module, tokenizer, batch_size: int = 64,
-                 autocast_dtype: torch.dtype = torch.float32, ignore_eos: bool = False):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        batch_size: int = 64,
+        autocast_dtype: torch.dtype = torch.float32,
+        ignore_eos: bool = False,
+    ):
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.autocast_dtype, self.ignore_eos = autocast_dtype, ignore_eos
         self.pad_id, self.eos_ids = special_token_ids(model, tokenizer)
@@ -121,11 +137,18 @@ class HFSampler:
         """Nothing to wake."""
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int,
-                 temperature: float, seeds: list[int] | None = None, top_p: float = 1.0) -> list[list[Completion]]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        max_new_tokens: int,
+        temperature: float,
+        seeds: list[int] | None = None,
+        top_p: float = 1.0,
+    ) -> list[list[Completion]]:
         if temperature > 0 and seeds is None:
             seeds = [int(torch.randint(0, 2**62, ()).item()) for _ in prompts]
-        per_call = max(1, self.batch_size // n)            # prompts per generate call (whole groups)
+        per_call = max(1, self.batch_size // n)  # prompts per generate call (whole groups)
         out: list[list[Completion]] = []
         was_training = self.model.training
         self.model.eval()
@@ -136,7 +159,7 @@ class HFSampler:
                 if temperature > 0:
                     gens = [torch.Generator().manual_seed(derive_seed(seeds[i], j)) for i in chunk for j in range(n)]
                 flat = self._generate_groups([prompts[i] for i in chunk], n, max_new_tokens, temperature, gens, top_p)
-                out += [flat[k * n:(k + 1) * n] for k in range(len(chunk))]
+                out += [flat[k * n : (k + 1) * n] for k in range(len(chunk))]
         finally:
             self.model.train(was_training)
         return out
@@ -149,24 +172,35 @@ class HFSampler:
         input_ids = torch.full((len(prompts), P), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
         for r, p in enumerate(prompts):
-            input_ids[r, P - len(p):] = torch.tensor(p)
-            attention_mask[r, P - len(p):] = 1
+            input_ids[r, P - len(p) :] = torch.tensor(p)
+            attention_mask[r, P - len(p) :] = 1
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         recorder = _SampleAndRecord(generators, temperature, top_p)
-        config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-                                  eos_token_id=[] if self.ignore_eos else self.eos_ids, pad_token_id=self.pad_id)
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=[] if self.ignore_eos else self.eos_ids,
+            pad_token_id=self.pad_id,
+        )
         with autocast(device, self.autocast_dtype), _without_checkpoint_generation_config(self.model):
             cache = None
             if n > 1 and P > 1:
                 prefix_mask = attention_mask[:, :-1]
-                cache = self.model(input_ids=input_ids[:, :-1], attention_mask=prefix_mask,
-                                   position_ids=(prefix_mask.cumsum(-1) - 1).clamp(min=0),
-                                   use_cache=True).past_key_values
+                cache = self.model(
+                    input_ids=input_ids[:, :-1],
+                    attention_mask=prefix_mask,
+                    position_ids=(prefix_mask.cumsum(-1) - 1).clamp(min=0),
+                    use_cache=True,
+                ).past_key_values
                 cache.batch_repeat_interleave(n)
-            seqs = self.model.generate(input_ids=input_ids.repeat_interleave(n, 0),
-                                       attention_mask=attention_mask.repeat_interleave(n, 0),
-                                       past_key_values=cache, generation_config=config,
-                                       logits_processor=LogitsProcessorList([recorder]))
+            seqs = self.model.generate(
+                input_ids=input_ids.repeat_interleave(n, 0),
+                attention_mask=attention_mask.repeat_interleave(n, 0),
+                past_key_values=cache,
+                generation_config=config,
+                logits_processor=LogitsProcessorList([recorder]),
+            )
         new = seqs[:, P:].cpu()
         logps = torch.stack(recorder.logprobs, dim=1).cpu() if recorder.logprobs else torch.zeros(len(new), 0)
         completions = []
@@ -175,11 +209,14 @@ class HFSampler:
             stop = None if self.ignore_eos else next((t for t, tok in enumerate(ids) if tok in self.eos_ids), None)
             length = len(ids) if stop is None else stop + 1
             ids = ids[:length]
-            completions.append(Completion(
-                token_ids=ids,
-                text=self.tokenizer.decode(ids, skip_special_tokens=True),
-                logprobs=logps[r, :length].tolist(),
-                finish_reason="length" if stop is None else "stop"))
+            completions.append(
+                Completion(
+                    token_ids=ids,
+                    text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                    logprobs=logps[r, :length].tolist(),
+                    finish_reason="length" if stop is None else "stop",
+                )
+            )
         return completions
 
 
@@ -196,10 +233,21 @@ class VLLMSampler:
 
     name = "vllm"
 
-    def __init__(self, model: torch.nn.Module, tokenizer, *, dtype: torch.dtype, seed: int, max_model_len: int,
-                 kv_cache_memory_bytes: int | None, gpu_memory_utilization: float, enable_prefix_caching: bool,
-                 sleep_during_train: bool, ignore_eos: bool = False):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # the engine must live in this process
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        *,
+        dtype: torch.dtype,
+        seed: int,
+        max_model_len: int,
+        kv_cache_memory_bytes: int | None,
+        gpu_memory_utilization: float,
+        enable_prefix_caching: bool,
+        sleep_during_train: bool,
+        ignore_eos: bool = False,
+    ):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine must live in this process
         # Without OMP_NUM_THREADS the CPU engine drops torch (and so training) to one thread.
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
         from vllm import LLM
@@ -210,7 +258,7 @@ class VLLMSampler:
         self.dtype = dtype
         self.cuda = next(model.parameters()).is_cuda
         self.sleeping, self.sleep_during_train = False, sleep_during_train and self.cuda
-        self.ignore_eos = ignore_eos     # every completion max_new_tokens long (throughput benchmarks)
+        self.ignore_eos = ignore_eos  # every completion max_new_tokens long (throughput benchmarks)
         self._folder = tempfile.TemporaryDirectory(prefix="rapid-vllm-")
         # Every rank writes its own copy (transformers' save_pretrained writes weights on rank 0 only).
         # A tied tensor is written once, under its first name (the input embedding), as checkpoints do.
@@ -223,9 +271,16 @@ class VLLMSampler:
         save_file(weights, os.path.join(self._folder.name, "model.safetensors"), metadata={"format": "pt"})
         tokenizer.save_pretrained(self._folder.name)
         max_model_len = min(max_model_len, getattr(unwrap(model).config, "max_position_embeddings", max_model_len))
-        options = dict(model=self._folder.name, dtype=str(dtype).removeprefix("torch."), seed=seed, enforce_eager=True,
-                       max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
-                       logprobs_mode="processed_logprobs", generation_config="vllm")
+        options = dict(
+            model=self._folder.name,
+            dtype=str(dtype).removeprefix("torch."),
+            seed=seed,
+            enforce_eager=True,
+            max_model_len=max_model_len,
+            enable_prefix_caching=enable_prefix_caching,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",
+        )
         if int(os.environ.get("WORLD_SIZE", 1)) > 1:
             # under torchrun: one engine per rank inside the existing process group (tensor parallel 1)
             options.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
@@ -236,27 +291,51 @@ class VLLMSampler:
         self.llm = LLM(**options)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], n: int, max_new_tokens: int,
-                 temperature: float, seeds: list[int] | None = None, top_p: float = 1.0) -> list[list[Completion]]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        max_new_tokens: int,
+        temperature: float,
+        seeds: list[int] | None = None,
+        top_p: float = 1.0,
+    ) -> list[list[Completion]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         self.wake_up()
-        params = SamplingParams(n=n, temperature=temperature, max_tokens=max_new_tokens, logprobs=0,
-                                stop_token_ids=[] if self.ignore_eos else self.eos_ids, ignore_eos=self.ignore_eos,
-                                top_p=top_p, top_k=-1)
+        params = SamplingParams(
+            n=n,
+            temperature=temperature,
+            max_tokens=max_new_tokens,
+            logprobs=0,
+            stop_token_ids=[] if self.ignore_eos else self.eos_ids,
+            ignore_eos=self.ignore_eos,
+            top_p=top_p,
+            top_k=-1,
+        )
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
-        return [[Completion(token_ids=list(c.token_ids), text=c.text,
-                            logprobs=[step[token].logprob for token, step in zip(c.token_ids, c.logprobs)],
-                            finish_reason="stop" if c.finish_reason == "stop" else "length")
-                 for c in out.outputs] for out in outputs]
+        return [
+            [
+                Completion(
+                    token_ids=list(c.token_ids),
+                    text=c.text,
+                    logprobs=[step[token].logprob for token, step in zip(c.token_ids, c.logprobs)],
+                    finish_reason="stop" if c.finish_reason == "stop" else "length",
+                )
+                for c in out.outputs
+            ]
+            for out in outputs
+        ]
 
     @torch.no_grad()
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Push π_θ into the running engine: wrapper prefixes stripped, tied weights included
         (`state_dict` lists them under both names), cast to the engine's dtype."""
         self.wake_up()
-        weights = [(engine_name(name), tensor.detach().to(self.dtype)) for name, tensor in unwrap(model).state_dict().items()]
+        weights = [
+            (engine_name(name), tensor.detach().to(self.dtype)) for name, tensor in unwrap(model).state_dict().items()
+        ]
         reload_engine_weights(self.llm, weights)
 
     def sleep(self) -> None:
@@ -286,8 +365,10 @@ def check_vllm_version() -> None:
 
     version = vllm.__version__.split("+")[0]
     if version not in VLLM_VERSIONS:
-        raise ConfigError(f"vLLM {vllm.__version__} is installed, but rapid's in-place weight sync was written for "
-                          f"vLLM {' / '.join(VLLM_VERSIONS)}: install one of those (make install does) or use sampler=hf")
+        raise ConfigError(
+            f"vLLM {vllm.__version__} is installed, but rapid's in-place weight sync was written for "
+            f"vLLM {' / '.join(VLLM_VERSIONS)}: install one of those (make install does) or use sampler=hf"
+        )
 
 
 def reload_engine_weights(llm, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -325,15 +406,26 @@ def make_sampler(cfg, model: torch.nn.Module, tokenizer, compute_dtype: torch.dt
     vLLM cannot be imported."""
     if cfg.name == "vllm":
         if importlib.util.find_spec("vllm") is None:
-            warnings.warn("vLLM is not installed: sampling with transformers generate instead (sampler=hf); "
-                          "`make install` installs vLLM", stacklevel=2)
+            warnings.warn(
+                "vLLM is not installed: sampling with transformers generate instead (sampler=hf); "
+                "`make install` installs vLLM",
+                stacklevel=2,
+            )
         else:
-            return VLLMSampler(model, tokenizer, dtype=compute_dtype, seed=seed, max_model_len=cfg.max_model_len,
-                               kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
-                               gpu_memory_utilization=cfg.gpu_memory_utilization,
-                               enable_prefix_caching=cfg.enable_prefix_caching,
-                               sleep_during_train=cfg.sleep_during_train, ignore_eos=cfg.ignore_eos)
+            return VLLMSampler(
+                model,
+                tokenizer,
+                dtype=compute_dtype,
+                seed=seed,
+                max_model_len=cfg.max_model_len,
+                kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+                gpu_memory_utilization=cfg.gpu_memory_utilization,
+                enable_prefix_caching=cfg.enable_prefix_caching,
+                sleep_during_train=cfg.sleep_during_train,
+                ignore_eos=cfg.ignore_eos,
+            )
     elif cfg.name != "hf":
         raise ConfigError(f"unknown sampler '{cfg.name}': choose sampler=vllm or sampler=hf")
-    return HFSampler(model, tokenizer, batch_size=cfg.batch_size, autocast_dtype=compute_dtype,
-                     ignore_eos=cfg.ignore_eos)
+    return HFSampler(
+        model, tokenizer, batch_size=cfg.batch_size, autocast_dtype=compute_dtype, ignore_eos=cfg.ignore_eos
+    )

@@ -24,6 +24,7 @@ its sample budget (`samples`) is spent.
     torchrun --nproc_per_node=2 -m rapid.train ...          # DDP: each rank samples its share of prompts
     python -m rapid.train resume=outputs/<run>              # continue from the latest checkpoint
 """
+
 from __future__ import annotations
 
 import copy
@@ -47,23 +48,36 @@ from rapid.data import PromptStream
 from rapid.distributed import all_reduce_max, all_reduce_sum, print0
 from rapid.evaluate import evaluate
 from rapid.iw_grpg import iw_grpg_loss, masked_mean, normalized_ess, sequence_logprobs
+from rapid.logger import MetricsLogger, write_run_files
 from rapid.losses import dapo_loss, group_normalized_advantages, grpo_loss, overlong_penalty
 from rapid.mismatch import scale_gradient, truncated_is_factors
-from rapid.logger import MetricsLogger, write_run_files
 from rapid.models import load_model_and_tokenizer
-from rapid.policy import (CompletionLogprobs, accumulate_gradients, autocast, completion_logprobs,
-                          recompute_behavior_logprobs, token_logprobs)
+from rapid.policy import (
+    CompletionLogprobs,
+    accumulate_gradients,
+    autocast,
+    completion_logprobs,
+    recompute_behavior_logprobs,
+    token_logprobs,
+)
 from rapid.profiling import PhaseClock
 from rapid.rewards import score, self_test
 from rapid.sampler import make_sampler
-from rapid.sft import distill_and_sft
 from rapid.seeding import BUFFER_STREAM, ENGINE_STREAM, EVAL_STREAM, PROMPT_STREAM, SAMPLE_STREAM, derive_seed
+from rapid.sft import distill_and_sft
 from rapid.tasks import load_splits, record_id
 
-PHASES = ("generate", "reward", "recompute", "train", "sync")   # a round's timed phases (+ other)
-STAT_NAMES = {"clip_frac": "iw/clip_frac", "staleness": "iw/staleness", "log_w_mean": "iw/log_w_mean",
-              "iw_mean": "iw/mean", "loss": "train/loss", "clipped_mass": "iw/clipped_mass",
-              "correction_ratio_mean": "sampler/correction_ratio_mean", "correction_trunc_frac": "sampler/correction_trunc_frac"}
+PHASES = ("generate", "reward", "recompute", "train", "sync")  # a round's timed phases (+ other)
+STAT_NAMES = {
+    "clip_frac": "iw/clip_frac",
+    "staleness": "iw/staleness",
+    "log_w_mean": "iw/log_w_mean",
+    "iw_mean": "iw/mean",
+    "loss": "train/loss",
+    "clipped_mass": "iw/clipped_mass",
+    "correction_ratio_mean": "sampler/correction_ratio_mean",
+    "correction_trunc_frac": "sampler/correction_trunc_frac",
+}
 
 register_resolvers()
 
@@ -74,6 +88,7 @@ def lr_lambda(schedule: str, warmup: int, total: int):
             return (step + 1) / warmup
         progress = (step - warmup) / max(1, total - warmup)
         return {"constant": 1.0, "linear": 1.0 - progress, "cosine": 0.5 * (1 + math.cos(math.pi * progress))}[schedule]
+
     return f
 
 
@@ -83,29 +98,45 @@ def trim_to_minibatches(rollouts: list[Rollout], local_step: int, target: int, d
     n = min(len(rollouts), target) // local_step * local_step
     n = -int(all_reduce_max(-n, device))
     if n == 0:
-        raise RuntimeError("dynamic sampling found no informative group within algorithm.dynamic_sampling_tries "
-                           "attempts; raise it or check the reward")
+        raise RuntimeError(
+            "dynamic sampling found no informative group within algorithm.dynamic_sampling_tries "
+            "attempts; raise it or check the reward"
+        )
     return rollouts[:n]
 
 
-def round_metrics(rollouts: list[Rollout], steps: list[dict], failed: int, mismatch: float | None, world: int,
-                  device: torch.device) -> dict[str, float]:
+def round_metrics(
+    rollouts: list[Rollout], steps: list[dict], failed: int, mismatch: float | None, world: int, device: torch.device
+) -> dict[str, float]:
     """A round's training metrics, over all ranks: reward and completion statistics per record, the
     loss's statistics averaged over the round's steps, and the sampler/trainer log-prob gap (the
     recompute's, else the first step's, where θ = μ)."""
     loss_keys = [k for k in steps[0] if k not in ("iw_max", "token_logp_gap", "grad_norm", "lr")]
-    sums = distributed.all_reduce_sum_dict({
-        "records": len(rollouts), "failures": failed, "reward": sum(r.reward for r in rollouts),
-        "correct": sum(r.reward == 1.0 for r in rollouts), "tokens": sum(len(r.completion_ids) for r in rollouts),
-        "truncated": sum(r.truncated for r in rollouts),
-        "gap": steps[0]["token_logp_gap"] if mismatch is None else mismatch,
-        **{f"step/{k}": sum(s[k] for s in steps) / len(steps) for k in loss_keys}}, device)
+    sums = distributed.all_reduce_sum_dict(
+        {
+            "records": len(rollouts),
+            "failures": failed,
+            "reward": sum(r.reward for r in rollouts),
+            "correct": sum(r.reward == 1.0 for r in rollouts),
+            "tokens": sum(len(r.completion_ids) for r in rollouts),
+            "truncated": sum(r.truncated for r in rollouts),
+            "gap": steps[0]["token_logp_gap"] if mismatch is None else mismatch,
+            **{f"step/{k}": sum(s[k] for s in steps) / len(steps) for k in loss_keys},
+        },
+        device,
+    )
     n = max(sums["records"], 1)
-    row = {"train/reward_mean": sums["reward"] / n, "train/accuracy": sums["correct"] / n,
-           "train/completion_len": sums["tokens"] / n, "train/truncated_frac": sums["truncated"] / n,
-           "train/reward_failures": int(sums["failures"]), "sampler/logprob_mismatch": sums["gap"] / world,
-           **{STAT_NAMES.get(k, f"loss/{k}"): sums[f"step/{k}"] / world for k in sorted(loss_keys)},
-           "train/grad_norm": steps[-1]["grad_norm"], "train/lr": steps[-1]["lr"]}
+    row = {
+        "train/reward_mean": sums["reward"] / n,
+        "train/accuracy": sums["correct"] / n,
+        "train/completion_len": sums["tokens"] / n,
+        "train/truncated_frac": sums["truncated"] / n,
+        "train/reward_failures": int(sums["failures"]),
+        "sampler/logprob_mismatch": sums["gap"] / world,
+        **{STAT_NAMES.get(k, f"loss/{k}"): sums[f"step/{k}"] / world for k in sorted(loss_keys)},
+        "train/grad_norm": steps[-1]["grad_norm"],
+        "train/lr": steps[-1]["lr"],
+    }
     if "iw_max" in steps[0]:
         row["iw/max"] = all_reduce_max(max(s["iw_max"] for s in steps), device)
     return row
@@ -114,8 +145,12 @@ def round_metrics(rollouts: list[Rollout], steps: list[dict], failed: int, misma
 def timing_metrics(phases: dict[str, float], round_s: float, tokens_all_ranks: int) -> dict[str, float]:
     """The round's phase times (rank 0's; PhaseClock's row, and memory), the rest as `other`, tokens/s."""
     phases = {f"time/{p}_s": 0.0 for p in PHASES} | phases
-    return {**phases, "time/other_s": round_s - sum(phases[f"time/{p}_s"] for p in PHASES), "time/round_s": round_s,
-            "sampler/tokens_per_s": tokens_all_ranks / max(phases["time/generate_s"], 1e-9)}
+    return {
+        **phases,
+        "time/other_s": round_s - sum(phases[f"time/{p}_s"] for p in PHASES),
+        "time/round_s": round_s,
+        "sampler/tokens_per_s": tokens_all_ranks / max(phases["time/generate_s"], 1e-9),
+    }
 
 
 def summarize(rows: list[dict], final: dict) -> dict:
@@ -123,21 +158,26 @@ def summarize(rows: list[dict], final: dict) -> dict:
     evals = [r for r in rows if "eval/accuracy" in r]
     train_rows = [r for r in rows if "train/reward_mean" in r]
     memory = sorted({k for r in train_rows for k in r if k.startswith("mem/") and k != "mem/peak_is_process"})
-    return {"eval/accuracy_before": evals[0]["eval/accuracy"] if evals and evals[0]["round"] == 0 else None,
-            "eval/accuracy_after": final["eval/accuracy"],
-            "unused_samples": sum(r.get("algorithm/unused_samples", 0) for r in train_rows),
-            "time/rounds_s_total": sum(r["time/round_s"] for r in train_rows),
-            **{f"time/{p}_s_total": sum(r[f"time/{p}_s"] for r in train_rows) for p in (*PHASES, "other")},
-            **{f"{k}_avg": sum(r[k] for r in train_rows) / len(train_rows)   # over all steps (paper Table 3)
-               for k in ("iw/staleness", "iw/log_w_mean") if train_rows and k in train_rows[0]},
-            **{f"{k}_max": max(r[k] for r in train_rows if k in r) for k in memory}}
+    return {
+        "eval/accuracy_before": evals[0]["eval/accuracy"] if evals and evals[0]["round"] == 0 else None,
+        "eval/accuracy_after": final["eval/accuracy"],
+        "unused_samples": sum(r.get("algorithm/unused_samples", 0) for r in train_rows),
+        "time/rounds_s_total": sum(r["time/round_s"] for r in train_rows),
+        **{f"time/{p}_s_total": sum(r[f"time/{p}_s"] for r in train_rows) for p in (*PHASES, "other")},
+        **{
+            f"{k}_avg": sum(r[k] for r in train_rows) / len(train_rows)  # over all steps (paper Table 3)
+            for k in ("iw/staleness", "iw/log_w_mean")
+            if train_rows and k in train_rows[0]
+        },
+        **{f"{k}_max": max(r[k] for r in train_rows if k in r) for k in memory},
+    }
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
 @exit_on_config_error
 def main(cfg: DictConfig) -> dict | None:
     try:
-        if cfg.algorithm.loss == "sft":    # the SFT baseline: rapid.distill, then rapid.sft, in one run
+        if cfg.algorithm.loss == "sft":  # the SFT baseline: rapid.distill, then rapid.sft, in one run
             return distill_and_sft(cfg, Path(HydraConfig.get().runtime.output_dir))
         return train(cfg)
     finally:
@@ -152,33 +192,43 @@ def train(cfg: DictConfig) -> dict:
         run_dir = Path(cfg.resume)
         resume_from = checkpoint.latest(run_dir)
         if resume_from is None:
-            raise ConfigError(f"resume={cfg.resume} holds no readable checkpoint (checkpoints/round_*/state.pt): "
-                              "point it at the directory of a run that saved one")
+            raise ConfigError(
+                f"resume={cfg.resume} holds no readable checkpoint (checkpoints/round_*/state.pt): "
+                "point it at the directory of a run that saved one"
+            )
         ignored = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
         if ignored:
             print0(f"resume continues with the run's saved config; ignoring {' '.join(ignored)}")
-        cfg = checkpoint.load_config(resume_from)   # the run continues with the config it started with
+        cfg = checkpoint.load_config(resume_from)  # the run continues with the config it started with
     rank, world, device = distributed.init(cfg.device)
     validate(cfg, world)
     a, t, o = cfg.algorithm, cfg.task, cfg.optim
     compute_dtype = DTYPES[cfg.model.dtype]
     temperature = cfg.sampler.temperature
     torch.manual_seed(cfg.seed)
-    model, tokenizer = load_model_and_tokenizer(cfg.model.path, cfg.model.gguf, cfg.model.architecture,
-                                                cfg.model.gradient_checkpointing, seed=cfg.seed)
+    model, tokenizer = load_model_and_tokenizer(
+        cfg.model.path, cfg.model.gguf, cfg.model.architecture, cfg.model.gradient_checkpointing, seed=cfg.seed
+    )
     model.to(device)
     task, train_records, train_prompts, eval_records, eval_prompts = load_splits(t, tokenizer, cfg.eval.n)
-    cfg.rounds, cfg.samples = run_length(cfg, len(train_records))   # rounds is None with H=auto
+    cfg.rounds, cfg.samples = run_length(cfg, len(train_records))  # rounds is None with H=auto
     if distributed.is_main():
         write_run_files(run_dir, cfg, device, "meta_resume.json" if resume_from else "meta.json", world_size=world)
-        (run_dir / "split.json").write_text(json.dumps(   # which problems trained, which were held out
-            {"train": [record_id(r) for r in train_records], "eval": [record_id(r) for r in eval_records]}))
+        (run_dir / "split.json").write_text(
+            json.dumps(  # which problems trained, which were held out
+                {"train": [record_id(r) for r in train_records], "eval": [record_id(r) for r in eval_records]}
+            )
+        )
     print0(OmegaConf.to_yaml(cfg, resolve=True))
-    sampler = make_sampler(cfg.sampler, model, tokenizer, compute_dtype, seed=derive_seed(cfg.seed, ENGINE_STREAM, rank) % 2**31)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay,
-                                  fused=True)   # one kernel for all parameters (2.8x faster step on CPU)
+    sampler = make_sampler(
+        cfg.sampler, model, tokenizer, compute_dtype, seed=derive_seed(cfg.seed, ENGINE_STREAM, rank) % 2**31
+    )
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=True
+    )  # one kernel for all parameters (2.8x faster step on CPU)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(o.schedule, o.warmup_steps, cfg.samples // a.n_step * a.num_iterations))
+        optimizer, lr_lambda(o.schedule, o.warmup_steps, cfg.samples // a.n_step * a.num_iterations)
+    )
     policy = CompletionLogprobs(model, temperature, share_prompt=not cfg.model.gradient_checkpointing)
     if world > 1:
         policy = DistributedDataParallel(policy, device_ids=[device.index] if device.type == "cuda" else None)
@@ -193,70 +243,137 @@ def train(cfg: DictConfig) -> dict:
         if auto_h:
             h_state = adaptive_h.State.from_state_dict(state["auto_h"])
         print0(f"resumed from {resume_from} at round {start_round}")
-    logger = MetricsLogger(run_dir, enabled=distributed.is_main(),
-                           wandb_cfg={"enabled": cfg.logger.wandb, "project": cfg.logger.project, "name": run_dir.name},
-                           config=OmegaConf.to_container(cfg, resolve=True),
-                           resume_round=start_round if resume_from else None)
+    logger = MetricsLogger(
+        run_dir,
+        enabled=distributed.is_main(),
+        wandb_cfg={"enabled": cfg.logger.wandb, "project": cfg.logger.project, "name": run_dir.name},
+        config=OmegaConf.to_container(cfg, resolve=True),
+        resume_round=start_round if resume_from else None,
+    )
 
-    reference = None   # GRPO's KL anchor: a frozen copy of the initial policy
+    reference = None  # GRPO's KL anchor: a frozen copy of the initial policy
     if a.loss == "grpo" and a.kl_coef > 0:
-        reference = CompletionLogprobs(copy.deepcopy(model).requires_grad_(False).eval(), temperature,
-                                       share_prompt=not cfg.model.gradient_checkpointing)
+        reference = CompletionLogprobs(
+            copy.deepcopy(model).requires_grad_(False).eval(),
+            temperature,
+            share_prompt=not cfg.model.gradient_checkpointing,
+        )
 
     def loss_fn(token_logp, batch, n_records, n_tokens):
         mask = batch.completion_mask
         correction = {}
-        if a.engine_correction != "none":   # μ_engine vs the trainer's μ: rapid/mismatch.py
-            factors, correction = truncated_is_factors(batch.logp_mu, batch.logp_engine, mask, a.engine_correction,
-                                                       a.engine_correction_cap)
-            token_logp = scale_gradient(token_logp, factors)   # same values; each token's gradient times its factor
-        if a.loss == "iw_grpg":        # RAPID / PG: sequence-level IW-GRPG (Eq. 3-5)
-            loss, stats = iw_grpg_loss(sequence_logprobs(token_logp, mask), sequence_logprobs(batch.logp_mu, mask),
-                                       batch.rewards, batch.group_ids, eta=a.eta, leave_one_out=a.leave_one_out,
-                                       normalizer=n_records, iw_baseline=a.iw_baseline, iw_gradient=a.iw_gradient)
-        else:                          # GRPO / DAPO: token-level clipped ratios, group-normalised advantages
+        if a.engine_correction != "none":  # μ_engine vs the trainer's μ: rapid/mismatch.py
+            factors, correction = truncated_is_factors(
+                batch.logp_mu, batch.logp_engine, mask, a.engine_correction, a.engine_correction_cap
+            )
+            token_logp = scale_gradient(token_logp, factors)  # same values; each token's gradient times its factor
+        if a.loss == "iw_grpg":  # RAPID / PG: sequence-level IW-GRPG (Eq. 3-5)
+            loss, stats = iw_grpg_loss(
+                sequence_logprobs(token_logp, mask),
+                sequence_logprobs(batch.logp_mu, mask),
+                batch.rewards,
+                batch.group_ids,
+                eta=a.eta,
+                leave_one_out=a.leave_one_out,
+                normalizer=n_records,
+                iw_baseline=a.iw_baseline,
+                iw_gradient=a.iw_gradient,
+            )
+        else:  # GRPO / DAPO: token-level clipped ratios, group-normalised advantages
             advantages = group_normalized_advantages(batch.rewards, batch.group_ids)
             if a.loss == "grpo":
                 logp_ref = None
                 if reference is not None:
                     with torch.no_grad(), autocast(device, compute_dtype):
                         logp_ref = completion_logprobs(reference, batch).float()
-                loss, stats = grpo_loss(token_logp, batch.logp_mu, logp_ref, advantages, mask, clip_eps=a.clip_eps,
-                                        kl_coef=a.kl_coef, aggregation=a.aggregation, max_tokens=t.max_new_tokens,
-                                        normalizer=n_tokens if a.aggregation == "token_mean" else n_records)
+                loss, stats = grpo_loss(
+                    token_logp,
+                    batch.logp_mu,
+                    logp_ref,
+                    advantages,
+                    mask,
+                    clip_eps=a.clip_eps,
+                    kl_coef=a.kl_coef,
+                    aggregation=a.aggregation,
+                    max_tokens=t.max_new_tokens,
+                    normalizer=n_tokens if a.aggregation == "token_mean" else n_records,
+                )
             else:
-                loss, stats = dapo_loss(token_logp, batch.logp_mu, advantages, mask, clip_low=a.clip_low,
-                                        clip_high=a.clip_high, normalizer=n_tokens)
+                loss, stats = dapo_loss(
+                    token_logp,
+                    batch.logp_mu,
+                    advantages,
+                    mask,
+                    clip_low=a.clip_low,
+                    clip_high=a.clip_high,
+                    normalizer=n_tokens,
+                )
         # |log π_θ − log μ| per token; on a round's first step θ = μ, so this is sampler/trainer mismatch
         stats["token_logp_gap"] = masked_mean((token_logp.detach() - batch.logp_mu).abs(), mask).item()
         return loss, stats | {f"correction_{k}": v for k, v in correction.items()}
 
-    def sample_and_score(round_: int, positions: list[int], indices: list[int], clock: PhaseClock) -> tuple[list[Rollout], int]:
+    def sample_and_score(
+        round_: int, positions: list[int], indices: list[int], clock: PhaseClock
+    ) -> tuple[list[Rollout], int]:
         """n_group completions per prompt with μ = π_θ, seeds from (round, prompt, sample), scored
         (a crashed or timed-out checker scores 0 and is counted)."""
         seeds = [derive_seed(cfg.seed, SAMPLE_STREAM, round_, p) for p in positions]
         with clock.phase("generate"):
-            groups = sampler.generate([train_prompts[i] for i in indices], n=a.n_group,
-                                      max_new_tokens=t.max_new_tokens, temperature=temperature, seeds=seeds)
+            groups = sampler.generate(
+                [train_prompts[i] for i in indices],
+                n=a.n_group,
+                max_new_tokens=t.max_new_tokens,
+                temperature=temperature,
+                seeds=seeds,
+            )
         flat = [(p, i, c) for p, i, group in zip(positions, indices, groups) for c in group]
         with clock.phase("reward"):
-            rewards, failed = score(task, [c.text for _, _, c in flat], [train_records[i] for _, i, _ in flat],
-                                    workers=cfg.reward.workers, timeout=cfg.reward.timeout_s)
-        if a.overlong_cache:          # DAPO's soft overlong punishment
+            rewards, failed = score(
+                task,
+                [c.text for _, _, c in flat],
+                [train_records[i] for _, i, _ in flat],
+                workers=cfg.reward.workers,
+                timeout=cfg.reward.timeout_s,
+            )
+        if a.overlong_cache:  # DAPO's soft overlong punishment
             lengths = torch.tensor([len(c.token_ids) for _, _, c in flat])
-            rewards = (torch.tensor(rewards) + overlong_penalty(lengths, t.max_new_tokens, a.overlong_cache,
-                                                                a.overlong_penalty)).tolist()
-        return [Rollout(prompt_ids=train_prompts[i], completion_ids=c.token_ids, logp_mu=c.logprobs, reward=r,
-                        group_id=p, truncated=c.finish_reason == "length", text=c.text, prompt_index=i)
-                for (p, i, c), r in zip(flat, rewards)], failed
+            rewards = (
+                torch.tensor(rewards)
+                + overlong_penalty(lengths, t.max_new_tokens, a.overlong_cache, a.overlong_penalty)
+            ).tolist()
+        return [
+            Rollout(
+                prompt_ids=train_prompts[i],
+                completion_ids=c.token_ids,
+                logp_mu=c.logprobs,
+                reward=r,
+                group_id=p,
+                truncated=c.finish_reason == "length",
+                text=c.text,
+                prompt_index=i,
+            )
+            for (p, i, c), r in zip(flat, rewards)
+        ], failed
 
     def run_eval(round_: int, log: bool = True) -> dict:
         t0 = time.perf_counter()
         correct = []
-        row = evaluate(sampler, task, eval_records, eval_prompts, max_new_tokens=t.max_new_tokens,
-                       temperature=cfg.eval.temperature, n_samples=cfg.eval.n_samples, sample_temperature=temperature,
-                       ks=tuple(cfg.eval.ks), rank=rank, world=world, device=device, seed=derive_seed(cfg.seed, EVAL_STREAM) % 2**31,
-                       outcomes=correct)
+        row = evaluate(
+            sampler,
+            task,
+            eval_records,
+            eval_prompts,
+            max_new_tokens=t.max_new_tokens,
+            temperature=cfg.eval.temperature,
+            n_samples=cfg.eval.n_samples,
+            sample_temperature=temperature,
+            ks=tuple(cfg.eval.ks),
+            rank=rank,
+            world=world,
+            device=device,
+            seed=derive_seed(cfg.seed, EVAL_STREAM) % 2**31,
+            outcomes=correct,
+        )
         row = {"round": round_, **row, "time/eval_s": time.perf_counter() - t0}
         if log:
             logger.log(row)
@@ -264,13 +381,20 @@ def train(cfg: DictConfig) -> dict:
         print0(f"eval @ round {round_}: accuracy {row['eval/accuracy']:.3f} on {row['eval/n']} problems")
         return row
 
-    print0(self_test(task, train_records, cfg.reward.self_test, workers=cfg.reward.workers, timeout=cfg.reward.timeout_s))
+    print0(
+        self_test(task, train_records, cfg.reward.self_test, workers=cfg.reward.workers, timeout=cfg.reward.timeout_s)
+    )
     t_start = time.perf_counter() - elapsed0
     if start_round == 0 and cfg.eval.at_start:
         run_eval(0)
     buffer = ReplayBuffer()
-    bar = tqdm(total=cfg.samples, initial=samples_done, unit="samples",
-               disable=not distributed.is_main() or not cfg.logger.progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=cfg.samples,
+        initial=samples_done,
+        unit="samples",
+        disable=not distributed.is_main() or not cfg.logger.progress,
+        dynamic_ncols=True,
+    )
     final = None
     # ---------------------------------------------------------------- Algorithm 1
     for round_ in itertools.count(start_round):
@@ -278,22 +402,23 @@ def train(cfg: DictConfig) -> dict:
             break
         t0 = time.perf_counter()
         H = a.H if auto_h is None else adaptive_h.plan(h_state, cfg.samples - samples_done, a.n_step)
-        n_prompts = H * a.n_step // a.n_group          # prompts per round, over all ranks
+        n_prompts = H * a.n_step // a.n_group  # prompts per round, over all ranks
         # 1-3. prompts X_t (the round's n_inference / n_group; this rank takes every world-th), sampled and scored
         positions = list(range(rank, n_prompts, world))
         round_indices = stream.take(n_prompts)
         clock = PhaseClock(device)
         rollouts, failed = sample_and_score(round_, positions, [round_indices[p] for p in positions], clock)
         dropped = 0
-        if a.dynamic_sampling:    # DAPO: drop all-equal groups, sample more prompts until full
+        if a.dynamic_sampling:  # DAPO: drop all-equal groups, sample more prompts until full
             rollouts, dropped = keep_informative_groups(rollouts)
             for attempt in range(1, a.dynamic_sampling_tries):
                 if len(rollouts) >= len(positions) * a.n_group:
                     break
                 more = list(range(rank, n_prompts, world))
                 extra_indices = stream.take(n_prompts)
-                extra, f = sample_and_score(round_, [attempt * n_prompts + p for p in more],
-                                            [extra_indices[p] for p in more], clock)
+                extra, f = sample_and_score(
+                    round_, [attempt * n_prompts + p for p in more], [extra_indices[p] for p in more], clock
+                )
                 extra, d = keep_informative_groups(extra)
                 rollouts, failed, dropped = rollouts + extra, failed + f, dropped + d
             rollouts = trim_to_minibatches(rollouts, a.n_step // world, len(positions) * a.n_group, device)
@@ -303,21 +428,40 @@ def train(cfg: DictConfig) -> dict:
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, BUFFER_STREAM, round_))
         passes = [buffer.minibatches(a.n_step // world, shuffle) for _ in range(a.num_iterations)]
         mismatch = None
-        if a.behavior_logprobs == "recompute":   # exact log μ: the trainer's forward at θ = μ, in the first pass's micro-batches
+        if (
+            a.behavior_logprobs == "recompute"
+        ):  # exact log μ: the trainer's forward at θ = μ, in the first pass's micro-batches
             with clock.phase("recompute"):
-                mismatch = recompute_behavior_logprobs(policy, passes[0], micro_batch=cfg.train.micro_batch,
-                                                       pad_id=sampler.pad_id, device=device, compute_dtype=compute_dtype)
+                mismatch = recompute_behavior_logprobs(
+                    policy,
+                    passes[0],
+                    micro_batch=cfg.train.micro_batch,
+                    pad_id=sampler.pad_id,
+                    device=device,
+                    compute_dtype=compute_dtype,
+                )
         with clock.phase("sync"):
             sampler.sleep()
         # 5. H gradient steps
         steps, ess = [], []
         with clock.phase("train"):
             for minibatch in [mb for minibatches in passes for mb in minibatches]:
-                stats = accumulate_gradients(policy, minibatch, loss_fn, micro_batch=cfg.train.micro_batch,
-                                             pad_id=sampler.pad_id, device=device, compute_dtype=compute_dtype)
-                if "w_bar_mean" in stats:    # IW-GRPG: the minibatch's ESS, over all ranks
-                    ess.append(normalized_ess(*all_reduce_sum([stats["w_bar_mean"] / world, stats["w_bar_sq_mean"] / world], device)))
-                if auto_h and adaptive_h.stop_early(ess, auto_h):   # too stale: not applied, the round ends
+                stats = accumulate_gradients(
+                    policy,
+                    minibatch,
+                    loss_fn,
+                    micro_batch=cfg.train.micro_batch,
+                    pad_id=sampler.pad_id,
+                    device=device,
+                    compute_dtype=compute_dtype,
+                )
+                if "w_bar_mean" in stats:  # IW-GRPG: the minibatch's ESS, over all ranks
+                    ess.append(
+                        normalized_ess(
+                            *all_reduce_sum([stats["w_bar_mean"] / world, stats["w_bar_sq_mean"] / world], device)
+                        )
+                    )
+                if auto_h and adaptive_h.stop_early(ess, auto_h):  # too stale: not applied, the round ends
                     optimizer.zero_grad(set_to_none=True)
                     break
                 stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip).item()
@@ -326,8 +470,8 @@ def train(cfg: DictConfig) -> dict:
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 steps.append(stats)
-        unused = (H - len(steps)) * a.n_step if auto_h else 0   # generated, not trained on (early stop)
-        for _ in range(unused // a.n_step):                     # the lr schedule runs over samples generated
+        unused = (H - len(steps)) * a.n_step if auto_h else 0  # generated, not trained on (early stop)
+        for _ in range(unused // a.n_step):  # the lr schedule runs over samples generated
             scheduler.step()
         samples_done += H * a.n_step
         # 6. the new weights go to the sampler, in place
@@ -335,24 +479,51 @@ def train(cfg: DictConfig) -> dict:
             sampler.sync_weights(model)
         round_s = time.perf_counter() - t0
         # 7. log (sums over ranks, then means; times and memory are rank 0's)
-        row = {"round": round_ + 1, "samples": samples_done, "epoch": stream.epoch + stream.pos / len(train_records),
-               **round_metrics(rollouts, steps, failed, mismatch, world, device),
-               **timing_metrics(clock.row(), round_s, sum(len(r.completion_ids) for r in rollouts) * world),
-               "wall_s": time.perf_counter() - t_start}
+        row = {
+            "round": round_ + 1,
+            "samples": samples_done,
+            "epoch": stream.epoch + stream.pos / len(train_records),
+            **round_metrics(rollouts, steps, failed, mismatch, world, device),
+            **timing_metrics(clock.row(), round_s, sum(len(r.completion_ids) for r in rollouts) * world),
+            "wall_s": time.perf_counter() - t_start,
+        }
         if a.dynamic_sampling:
             row["train/dropped_groups"] = int(all_reduce_sum([dropped], device)[0])
-        if auto_h:   # the next round's H, from this round's weights and phase times (averaged over ranks)
-            times = all_reduce_sum([row[f"time/{p}_s"] / world for p in ("generate", "reward", "recompute", "train", "sync", "other")], device)
-            h_state, decision = adaptive_h.update(h_state, auto_h, adaptive_h.Round(
-                H, ess, generate_s=times[0], reward_s=times[1] + times[2], train_s=times[3], fixed_s=times[4] + times[5]))
+        if auto_h:  # the next round's H, from this round's weights and phase times (averaged over ranks)
+            times = all_reduce_sum(
+                [row[f"time/{p}_s"] / world for p in ("generate", "reward", "recompute", "train", "sync", "other")],
+                device,
+            )
+            h_state, decision = adaptive_h.update(
+                h_state,
+                auto_h,
+                adaptive_h.Round(
+                    H,
+                    ess,
+                    generate_s=times[0],
+                    reward_s=times[1] + times[2],
+                    train_s=times[3],
+                    fixed_s=times[4] + times[5],
+                ),
+            )
             row |= {"algorithm/H": H, "algorithm/steps": len(steps), "algorithm/unused_samples": unused, **decision}
         logger.log(row)
-        if cfg.logger.rollouts:   # + per-token log π after the round's updates, for its first group (the token log w)
-            logger.log_rollouts(round_ + 1, rollouts, token_logprobs(policy, rollouts[:a.n_group], pad_id=sampler.pad_id,
-                                                                     device=device, compute_dtype=compute_dtype))
+        if cfg.logger.rollouts:  # + per-token log π after the round's updates, for its first group (the token log w)
+            logger.log_rollouts(
+                round_ + 1,
+                rollouts,
+                token_logprobs(
+                    policy, rollouts[: a.n_group], pad_id=sampler.pad_id, device=device, compute_dtype=compute_dtype
+                ),
+            )
         bar.update(H * a.n_step)
-        bar.set_postfix(reward=f"{row['train/reward_mean']:.3f}", clip=f"{row.get('iw/clip_frac', 0):.2f}",
-                        stale=f"{row.get('iw/staleness', 0):.3f}", H=H, s_round=f"{row['time/round_s']:.1f}")
+        bar.set_postfix(
+            reward=f"{row['train/reward_mean']:.3f}",
+            clip=f"{row.get('iw/clip_frac', 0):.2f}",
+            stale=f"{row.get('iw/staleness', 0):.3f}",
+            H=H,
+            s_round=f"{row['time/round_s']:.1f}",
+        )
         last = samples_done >= cfg.samples
         every_samples = cfg.eval.get("every_samples") or cfg.samples + 1
         crossed = samples_done // every_samples > (samples_done - H * a.n_step) // every_samples
@@ -360,16 +531,31 @@ def train(cfg: DictConfig) -> dict:
             final = run_eval(round_ + 1)
         if (cfg.ckpt.every and (round_ + 1) % cfg.ckpt.every == 0) or last:
             if distributed.is_main():
-                checkpoint.save(run_dir, round_ + 1, model, tokenizer, optimizer, scheduler, stream, cfg,
-                                elapsed_s=time.perf_counter() - t_start, keep=cfg.ckpt.keep,
-                                extra={"samples": samples_done, "auto_h": h_state and h_state.state_dict()})
+                checkpoint.save(
+                    run_dir,
+                    round_ + 1,
+                    model,
+                    tokenizer,
+                    optimizer,
+                    scheduler,
+                    stream,
+                    cfg,
+                    elapsed_s=time.perf_counter() - t_start,
+                    keep=cfg.ckpt.keep,
+                    extra={"samples": samples_done, "auto_h": h_state and h_state.state_dict()},
+                )
     bar.close()
     # ---------------------------------------------------------------- final evaluation and summary
-    if final is None:   # resumed a finished run: report, log nothing new
+    if final is None:  # resumed a finished run: report, log nothing new
         final = run_eval(round_, log=False)
-    summary = {"rounds": round_, "samples": samples_done, "sampler": sampler.name, "algorithm": a.name,
-               "time/total_s": time.perf_counter() - t_start,
-               **summarize(logger.rows() if distributed.is_main() else [], final)}
+    summary = {
+        "rounds": round_,
+        "samples": samples_done,
+        "sampler": sampler.name,
+        "algorithm": a.name,
+        "time/total_s": time.perf_counter() - t_start,
+        **summarize(logger.rows() if distributed.is_main() else [], final),
+    }
     if distributed.is_main():
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print0(json.dumps(summary, indent=2))

@@ -1,12 +1,21 @@
 """Small builders shared by the tests: a tiny real Llama and its character tokenizer."""
+
 from __future__ import annotations
 
 import torch
 
 from rapid.models import load_model_and_tokenizer
 
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, head_dim=32, max_position_embeddings=256, tie_word_embeddings=True)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    max_position_embeddings=256,
+    tie_word_embeddings=True,
+)
 
 
 def tiny_model(seed: int = 0):

@@ -1,5 +1,6 @@
 """rapid.adaptive_h: the H = auto controller as pure functions, driven by hand-made sequences of
 per-step ESS values and phase times; every expected number is worked out in the comments."""
+
 from __future__ import annotations
 
 import csv
@@ -29,6 +30,7 @@ def on_curve(s: float, steps: int, e1: float = 1.0) -> list[float]:
 
 # ----------------------------------------------------------------------------- staleness
 
+
 def test_drift_rate_by_hand():
     # ℓ = 0.1, 0.4, 0.9 at (k−1)² = 1, 4, 9: s = (0.1·1 + 0.4·4 + 0.9·9) / (1 + 16 + 81) = 9.8 / 98 = 0.1
     assert ah.drift_rate(on_curve(0.1, 4)) == pytest.approx(0.1, abs=1e-12)
@@ -38,7 +40,7 @@ def test_drift_rate_by_hand():
     assert ah.drift_rate([1.0, math.exp(-0.2), math.exp(-0.2)]) == pytest.approx(1 / 17, abs=1e-12)
     # a later step with a larger ESS than step 1 counts as no drift (ℓ = 0), not as negative drift
     assert ah.drift_rate([0.9, 0.95]) == 0.0
-    assert ah.drift_rate([1.0]) is None                       # on-policy only: nothing measured
+    assert ah.drift_rate([1.0]) is None  # on-policy only: nothing measured
 
 
 def test_ess_cap_by_hand():
@@ -51,11 +53,11 @@ def test_ess_cap_by_hand():
     assert ah.ess_cap(on_curve(2.0, 2), SETTINGS) == 1
     # no drift, or nothing measured: the bound
     assert ah.ess_cap([1.0, 1.0], SETTINGS) == 16 and ah.ess_cap([1.0], SETTINGS) == 16
-    assert ah.ess_cap(on_curve(2.0, 2), ah.Settings(4, 16, 0.5, 0.2, 0.05, 32)) == 4    # min
+    assert ah.ess_cap(on_curve(2.0, 2), ah.Settings(4, 16, 0.5, 0.2, 0.05, 32)) == 4  # min
 
 
 def test_stop_early_below_the_floor_never_on_step_one():
-    assert not ah.stop_early([0.1], SETTINGS)                            # step 1: θ = μ, mismatch only
+    assert not ah.stop_early([0.1], SETTINGS)  # step 1: θ = μ, mismatch only
     assert not ah.stop_early([1.0, 0.5], SETTINGS)
     assert not ah.stop_early([1.0, 0.5, 0.21], SETTINGS)
     assert ah.stop_early([1.0, 0.5, 0.19], SETTINGS)
@@ -64,6 +66,7 @@ def test_stop_early_below_the_floor_never_on_step_one():
 
 
 # ----------------------------------------------------------------------------- cost
+
 
 def test_fit_generation_by_hand():
     assert ah.fit_generation({32: 10.0}) is None
@@ -91,7 +94,9 @@ def test_cost_choice_by_hand():
     assert (log["algorithm/next_H_ess"], log["algorithm/next_H_cost"], log["algorithm/next_H"], new.H) == (16, 7, 4, 4)
     assert log["algorithm/gen_alpha_s"] == pytest.approx(8.0)
     assert log["algorithm/predicted_s_per_sample"] == pytest.approx(0.5625 + 9 / 128)
-    assert log["algorithm/drift"] == pytest.approx(0.001) and log["algorithm/ess_last"] == pytest.approx(math.exp(-0.001))
+    assert log["algorithm/drift"] == pytest.approx(0.001) and log["algorithm/ess_last"] == pytest.approx(
+        math.exp(-0.001)
+    )
     # a round at H = 4 on the same line (T(128) = 8 + 128/16 = 16 s): the fit is unchanged, H = min(7, 8) = 7
     at_4 = ah.Round(4, on_curve(0.001, 4), 16.0, 0.0, 64.0, 1.0)
     new, log = ah.update(state, SETTINGS, at_4)
@@ -111,6 +116,7 @@ def test_flat_generation_cost_keeps_samples_fresh():
 
 
 # ----------------------------------------------------------------------------- sequences
+
 
 def test_sequence_grow_cap_shrink_and_early_stop():
     """τ = 0 (the weights alone decide): from H = 1 the controller doubles while the drift allows,
@@ -142,7 +148,7 @@ def test_sequence_grow_cap_shrink_and_early_stop():
 def test_plan_cuts_the_last_round_to_the_budget():
     state = ah.State(H=8)
     assert ah.plan(state, 10_000, 32) == 8
-    assert ah.plan(state, 96, 32) == 3                      # 96 samples left: 3 steps of 32
+    assert ah.plan(state, 96, 32) == 3  # 96 samples left: 3 steps of 32
 
 
 def test_state_round_trips_through_a_checkpoint(tmp_path):
@@ -156,6 +162,7 @@ def test_state_round_trips_through_a_checkpoint(tmp_path):
 
 # ----------------------------------------------------------------------------- config
 
+
 def composed(*overrides: str):
     from hydra import compose, initialize_config_dir
 
@@ -167,7 +174,7 @@ def composed(*overrides: str):
 def test_auto_config_validates_and_derives_the_run_length():
     cfg = composed("algorithm.H=auto", "samples=160")
     validate(cfg, world=1)
-    assert cfg.algorithm.n_inference == "auto"          # the `mul` resolver with an auto factor
+    assert cfg.algorithm.n_inference == "auto"  # the `mul` resolver with an auto factor
     assert run_length(cfg, n_train=384) == (None, 160)
     # fixed H: the resolver still multiplies, and the length is rounds * n_inference, or `samples`
     fixed = composed("algorithm.H=4")
@@ -180,17 +187,20 @@ def test_auto_config_validates_and_derives_the_run_length():
     assert run_length(composed("algorithm.H=auto", "rounds=null", "epochs=0.5"), 384) == (None, 768)
 
 
-@pytest.mark.parametrize("overrides, words", [
-    (["algorithm.H=auto"], ("H=auto", "samples=")),                                   # rounds=3 is no budget
-    (["algorithm.H=auto", "samples=100"], ("samples=100", "n_step", "8")),
-    (["algorithm.H=4", "samples=100"], ("samples=100", "32")),
-    (["algorithm=grpo", "algorithm.H=auto", "samples=160"], ("iw_grpg", "grpo")),
-    (["algorithm.H=auto", "samples=160", "algorithm.auto_h.min=4", "algorithm.auto_h.max=2"], ("min=4", "max=2")),
-    (["algorithm.H=auto", "samples=160", "algorithm.auto_h.ess_floor=0.6"], ("ess_floor=0.6", "ess_target=0.5")),
-    (["algorithm.H=auto", "samples=160", "algorithm.auto_h.cost_tolerance=-1"], ("cost_tolerance=-1",)),
-    (["algorithm.H=0"], ("H=0", "auto")),
-    (["algorithm.H=auto", "samples=160", "algorithm.n_inference=64"], ("n_inference=64",)),
-])
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["algorithm.H=auto"], ("H=auto", "samples=")),  # rounds=3 is no budget
+        (["algorithm.H=auto", "samples=100"], ("samples=100", "n_step", "8")),
+        (["algorithm.H=4", "samples=100"], ("samples=100", "32")),
+        (["algorithm=grpo", "algorithm.H=auto", "samples=160"], ("iw_grpg", "grpo")),
+        (["algorithm.H=auto", "samples=160", "algorithm.auto_h.min=4", "algorithm.auto_h.max=2"], ("min=4", "max=2")),
+        (["algorithm.H=auto", "samples=160", "algorithm.auto_h.ess_floor=0.6"], ("ess_floor=0.6", "ess_target=0.5")),
+        (["algorithm.H=auto", "samples=160", "algorithm.auto_h.cost_tolerance=-1"], ("cost_tolerance=-1",)),
+        (["algorithm.H=0"], ("H=0", "auto")),
+        (["algorithm.H=auto", "samples=160", "algorithm.n_inference=64"], ("n_inference=64",)),
+    ],
+)
 def test_bad_auto_config_is_one_sentence(overrides, words):
     with pytest.raises(ConfigError) as e:
         validate(composed(*overrides), world=1)
@@ -199,25 +209,44 @@ def test_bad_auto_config_is_one_sentence(overrides, words):
 
 # ----------------------------------------------------------------------------- tools/auto_h_report.py
 
+
 def test_auto_h_report_verdict_by_hand(tmp_path):
     spec = importlib.util.spec_from_file_location("auto_h_report", REPO / "tools" / "auto_h_report.py")
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
-    runs = {"PG": ([0.40, 0.50, 0.45], 200.0), "RAPID H=2": ([0.44, 0.46, 0.42], 180.0),
-            "RAPID H=4": ([0.30, 0.32, 0.34], 150.0), "RAPID H=auto": ([0.40, 0.41, 0.42], 190.0)}
+    runs = {
+        "PG": ([0.40, 0.50, 0.45], 200.0),
+        "RAPID H=2": ([0.44, 0.46, 0.42], 180.0),
+        "RAPID H=4": ([0.30, 0.32, 0.34], 150.0),
+        "RAPID H=auto": ([0.40, 0.41, 0.42], 190.0),
+    }
     with (tmp_path / "runs.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, ["method", "seed", "accuracy_after", "s_per_1k", "rounds", "unused_samples"])
         writer.writeheader()
         for method, (accs, s) in runs.items():
             for seed, acc in enumerate(accs):
-                writer.writerow({"method": method, "seed": seed, "accuracy_after": acc, "s_per_1k": s, "rounds": 4,
-                                 "unused_samples": 8 if method == "RAPID H=auto" else 0})
+                writer.writerow(
+                    {
+                        "method": method,
+                        "seed": seed,
+                        "accuracy_after": acc,
+                        "s_per_1k": s,
+                        "rounds": 4,
+                        "unused_samples": 8 if method == "RAPID H=auto" else 0,
+                    }
+                )
     run = tmp_path / "runs" / "rapid_hauto_s0"
     run.mkdir(parents=True)
     (run / "config.yaml").write_text("algorithm:\n  n_step: 8\n")
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
-        {"round": 1, "samples": 8, "algorithm/H": 1, "algorithm/ess_last": 1.0},
-        {"round": 2, "samples": 24, "algorithm/H": 2, "algorithm/ess_last": 0.7}]))
+    (run / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in [
+                {"round": 1, "samples": 8, "algorithm/H": 1, "algorithm/ess_last": 1.0},
+                {"round": 2, "samples": 24, "algorithm/H": 2, "algorithm/ess_last": 0.7},
+            ]
+        )
+    )
     table = {m["method"]: m for m in report.summarize(list(csv.DictReader((tmp_path / "runs.csv").open())))}
     # PG: mean 0.45, sd 0.05, half-width t(0.975, 2) · 0.05 / √3 = 4.303 · 0.028868 = 0.12422
     assert table["PG"]["accuracy"] == pytest.approx(0.45) and table["PG"]["ci"] == pytest.approx(0.124217, abs=1e-5)
@@ -226,8 +255,9 @@ def test_auto_h_report_verdict_by_hand(tmp_path):
     # auto: 0.41 is in it, 190 / 180 = 1.056 <= 1.10
     assert (v["best"], v["fastest"], v["accuracy_ok"], v["wall_ok"]) == ("PG", "RAPID H=2", True, True)
     assert v["wall_ratio"] == pytest.approx(190 / 180)
-    subprocess.run([sys.executable, str(REPO / "tools" / "auto_h_report.py"), str(tmp_path)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, str(REPO / "tools" / "auto_h_report.py"), str(tmp_path)], check=True, capture_output=True
+    )
     text = (tmp_path / "auto_h.md").read_text()
     assert "| RAPID H=auto | 3 | 0.410 ± 0.025 | 190.0 | 4.0 | 8 |" in text and "1.06x the fastest" in text
     assert (tmp_path / "auto_h.png").stat().st_size > 1000
@@ -238,16 +268,40 @@ def test_bench_rl_runs_auto_to_the_same_sample_budget(tmp_path):
     """tools/bench_rl.py --h auto: the H=auto run gets the sample budget (not a round count) and its
     evaluation every so many samples; the per-run table records its rounds."""
     from tests.test_train import env_for
+
     out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "bench_rl.py"), "+experiment=smoke", "sampler=hf",
-                           "device=cpu", "--samples", "64", "--eval-every-samples", "32", "--h", "auto", "--no-grpo",
-                           "--no-trl", "--no-floors", "--out", str(out)], cwd=REPO, env=env_for(tmp_path),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "bench_rl.py"),
+            "+experiment=smoke",
+            "sampler=hf",
+            "device=cpu",
+            "--samples",
+            "64",
+            "--eval-every-samples",
+            "32",
+            "--h",
+            "auto",
+            "--no-grpo",
+            "--no-trl",
+            "--no-floors",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env=env_for(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (row,) = list(csv.DictReader((out / "runs.csv").open()))
     assert row["method"] == "RAPID H=auto" and int(row["samples"]) == 64
     cfg = yaml.safe_load((out / "runs" / "rapid_hauto_s0" / "config.yaml").read_text())
     assert (cfg["samples"], cfg["rounds"], cfg["eval"]["every_samples"]) == (64, None, 32)
-    metrics = [json.loads(line) for line in (out / "runs" / "rapid_hauto_s0" / "metrics.jsonl").read_text().splitlines()]
+    metrics = [
+        json.loads(line) for line in (out / "runs" / "rapid_hauto_s0" / "metrics.jsonl").read_text().splitlines()
+    ]
     trains = [r for r in metrics if "algorithm/H" in r]
     assert int(row["rounds"]) == len(trains) and sum(r["algorithm/H"] for r in trains) * 8 == 64

@@ -1,6 +1,7 @@
 """Bad input a user can give: each gets one `ConfigError` sentence naming what is wrong (exit code 2
 from the entry points, before the run writes anything), and damaged run files are survived: a
 truncated latest checkpoint is passed over for the one before it, a torn last metrics line dropped."""
+
 import json
 import subprocess
 import sys
@@ -16,7 +17,8 @@ from safetensors.torch import save_file
 from rapid import checkpoint
 from rapid.config import ConfigError, register_resolvers, validate
 from rapid.logger import MetricsLogger
-from rapid.tasks import gsm8k, math as math_task, mbpp_plus
+from rapid.tasks import gsm8k, mbpp_plus
+from rapid.tasks import math as math_task
 from rapid.tasks.datasets import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,28 +31,31 @@ def smoke():
         return compose("config", overrides=["+experiment=smoke"])
 
 
-@pytest.mark.parametrize("key, value, words", [
-    ("algorithm.eta", "abc", "algorithm.eta='abc' must be a number >= 1"),
-    ("algorithm.n_group", 0, "algorithm.n_group=0 must be an integer >= 1"),
-    ("algorithm.n_step", 0, "algorithm.n_step=0 must be an integer >= 1"),
-    ("algorithm.H", 1.5, "algorithm.H=1.5 must be an integer >= 1"),
-    ("train.micro_batch", 0, "train.micro_batch=0 must be an integer >= 1"),
-    ("task.max_new_tokens", 0, "task.max_new_tokens=0 must be an integer >= 1"),
-    ("optim.schedule", "cosin", "optim.schedule='cosin' must be one of constant, linear, cosine"),
-    ("optim.lr", -1, "optim.lr=-1 must be a number > 0"),
-    ("optim.lr", "abc", "optim.lr='abc' must be a number > 0"),
-    ("eval.n", 0, "eval.n=0 must be an integer >= 1 (or null: the whole test split)"),
-    ("eval.n_samples", 0, "eval.n_samples=0 must be an integer >= 1"),
-    ("eval.ks", [0, 8], "eval.ks=[0, 8] must be a list of integers >= 1"),
-    ("sampler.temperature", 0, "sampler.temperature=0 must be > 0 for RL"),
-    ("sampler.temperature", "hot", "sampler.temperature='hot' must be a number"),
-    ("reward.workers", -1, "reward.workers=-1 must be an integer >= 0"),
-    ("rounds", 0, "rounds=0 must be an integer >= 1 (or null: epochs decide)"),
-    ("seed", "x", "seed='x' must be an integer"),
-    ("algorithm.n_group", True, "algorithm.n_group=True must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        ("algorithm.eta", "abc", "algorithm.eta='abc' must be a number >= 1"),
+        ("algorithm.n_group", 0, "algorithm.n_group=0 must be an integer >= 1"),
+        ("algorithm.n_step", 0, "algorithm.n_step=0 must be an integer >= 1"),
+        ("algorithm.H", 1.5, "algorithm.H=1.5 must be an integer >= 1"),
+        ("train.micro_batch", 0, "train.micro_batch=0 must be an integer >= 1"),
+        ("task.max_new_tokens", 0, "task.max_new_tokens=0 must be an integer >= 1"),
+        ("optim.schedule", "cosin", "optim.schedule='cosin' must be one of constant, linear, cosine"),
+        ("optim.lr", -1, "optim.lr=-1 must be a number > 0"),
+        ("optim.lr", "abc", "optim.lr='abc' must be a number > 0"),
+        ("eval.n", 0, "eval.n=0 must be an integer >= 1 (or null: the whole test split)"),
+        ("eval.n_samples", 0, "eval.n_samples=0 must be an integer >= 1"),
+        ("eval.ks", [0, 8], "eval.ks=[0, 8] must be a list of integers >= 1"),
+        ("sampler.temperature", 0, "sampler.temperature=0 must be > 0 for RL"),
+        ("sampler.temperature", "hot", "sampler.temperature='hot' must be a number"),
+        ("reward.workers", -1, "reward.workers=-1 must be an integer >= 0"),
+        ("rounds", 0, "rounds=0 must be an integer >= 1 (or null: epochs decide)"),
+        ("seed", "x", "seed='x' must be an integer"),
+        ("algorithm.n_group", True, "algorithm.n_group=True must be an integer >= 1"),
+    ],
+)
 def test_bad_config_values_are_one_sentence(smoke, key, value, words):
-    validate(smoke, 1)                                        # the smoke config itself passes
+    validate(smoke, 1)  # the smoke config itself passes
     cfg = smoke.copy()
     OmegaConf.update(cfg, key, value, merge=False)
     with pytest.raises(ConfigError) as e:
@@ -60,22 +65,31 @@ def test_bad_config_values_are_one_sentence(smoke, key, value, words):
 
 def test_entry_point_exits_2_before_writing_the_run(tmp_path):
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "rapid.train", "+experiment=smoke", "algorithm.eta=abc",
-                           f"hydra.run.dir={run}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rapid.train", "+experiment=smoke", "algorithm.eta=abc", f"hydra.run.dir={run}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = proc.stdout + proc.stderr
-    assert "Traceback" not in out and [line for line in out.splitlines() if line.startswith("rapid:")] == \
-        ["rapid: algorithm.eta='abc' must be a number >= 1 (or null: no truncation)"]
+    assert "Traceback" not in out and [line for line in out.splitlines() if line.startswith("rapid:")] == [
+        "rapid: algorithm.eta='abc' must be a number >= 1 (or null: no truncation)"
+    ]
     assert not any((run / name).exists() for name in ("config.yaml", "meta.json", "metrics.jsonl", "split.json"))
 
 
-@pytest.mark.parametrize("content, words", [
-    (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "is not UTF-8 text"),
-    (b"", "holds no records"),
-    (b"\n\n", "holds no records"),
-    (b'{"question": "q"}\n[1, 2]\n', ":2 is not a JSON object"),
-    (b'{"question": "q"}\n{"question": ', ":2 is not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "is not UTF-8 text"),
+        (b"", "holds no records"),
+        (b"\n\n", "holds no records"),
+        (b'{"question": "q"}\n[1, 2]\n', ":2 is not a JSON object"),
+        (b'{"question": "q"}\n{"question": ', ":2 is not valid JSON"),
+    ],
+)
 def test_bad_data_files_are_one_sentence(tmp_path, content, words):
     path = tmp_path / "data.jsonl"
     path.write_bytes(content)
@@ -85,7 +99,9 @@ def test_bad_data_files_are_one_sentence(tmp_path, content, words):
 
 def test_later_records_missing_fields_are_one_sentence(tmp_path):
     path = tmp_path / "data.jsonl"
-    path.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n" + json.dumps({"question": "2+2?"}) + "\n")
+    path.write_text(
+        json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n" + json.dumps({"question": "2+2?"}) + "\n"
+    )
     with pytest.raises(ConfigError, match="gsm8k record 2 lacks the field answer"):
         gsm8k.load("test", data_path=str(path))
     path.write_text(json.dumps({"problem": "p", "answer": "1"}) + "\n" + json.dumps({"answer": "2"}) + "\n")
@@ -107,21 +123,24 @@ def fake_checkpoint(root: Path, round_: int) -> Path:
 
 def truncate(path: Path, keep: float = 0.5) -> None:
     data = path.read_bytes()
-    path.write_bytes(data[:int(len(data) * keep)])
+    path.write_bytes(data[: int(len(data) * keep)])
 
 
 def test_resume_passes_over_a_damaged_latest_checkpoint(tmp_path, capsys):
     first, second, third = (fake_checkpoint(tmp_path, r) for r in (1, 2, 3))
     assert checkpoint.latest(tmp_path) == third
-    truncate(third / "state.pt")                               # killed while writing state.pt
-    truncate(second / "model" / "model.safetensors", 0.9)      # a cut copy of the weights
+    truncate(third / "state.pt")  # killed while writing state.pt
+    truncate(second / "model" / "model.safetensors", 0.9)  # a cut copy of the weights
     assert checkpoint.latest(tmp_path) == first
     out = capsys.readouterr().out
-    assert "round_000003 cannot be read (state.pt" in out and "round_000002 cannot be read (model.safetensors is truncated)" in out
-    with zipfile.ZipFile(first / "state.pt") as z:              # still a whole archive: untouched
+    assert (
+        "round_000003 cannot be read (state.pt" in out
+        and "round_000002 cannot be read (model.safetensors is truncated)" in out
+    )
+    with zipfile.ZipFile(first / "state.pt") as z:  # still a whole archive: untouched
         assert z.testzip() is None
     truncate(first / "state.pt", 0.99)
-    assert checkpoint.latest(tmp_path) is None                 # train.py: "holds no readable checkpoint"
+    assert checkpoint.latest(tmp_path) is None  # train.py: "holds no readable checkpoint"
 
 
 def test_torn_last_metrics_line_is_dropped_on_resume(tmp_path, capsys):

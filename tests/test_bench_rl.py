@@ -1,6 +1,7 @@
 """tools/bench_rl.py: the table's arithmetic (medians, ratios against PG and TRL) on made-up runs, and the
 floors replayed from a real run (vLLM engine, tiny model); plus the throughput mode's pieces: a random
 model of a given architecture, and completions of exactly max_new_tokens."""
+
 from __future__ import annotations
 
 import csv
@@ -23,20 +24,50 @@ spec.loader.exec_module(bench_rl)
 
 
 def fake_row(method: str, seed: int, s_per_1k: float, accuracy: float) -> dict:
-    return {"method": method, "seed": seed, "samples": 512, "wall_s": s_per_1k * 0.512, "s_per_1k": s_per_1k,
-            "accuracy_before": 0.15, "accuracy_after": accuracy,
-            **{f"{p}_s_per_1k": s_per_1k / 6 for p in bench_rl.PHASES}, "peak_rss_mib": 1000.0, "peak_cuda_mib": 0.0}
+    return {
+        "method": method,
+        "seed": seed,
+        "samples": 512,
+        "wall_s": s_per_1k * 0.512,
+        "s_per_1k": s_per_1k,
+        "accuracy_before": 0.15,
+        "accuracy_after": accuracy,
+        **{f"{p}_s_per_1k": s_per_1k / 6 for p in bench_rl.PHASES},
+        "peak_rss_mib": 1000.0,
+        "peak_cuda_mib": 0.0,
+    }
 
 
 def test_report_takes_medians_and_ratios(tmp_path):
-    rows = [fake_row("PG", 0, 300.0, 0.30), fake_row("PG", 1, 200.0, 0.20), fake_row("PG", 2, 260.0, 0.40),
-            fake_row("RAPID H=8", 0, 100.0, 0.35), fake_row("RAPID H=8", 1, 130.0, 0.25), fake_row("RAPID H=8", 2, 120.0, 0.30),
-            fake_row("TRL GRPOTrainer", 0, 400.0, 0.2), fake_row("TRL GRPOTrainer", 1, 500.0, 0.2),
-            fake_row("TRL GRPOTrainer", 2, 480.0, 0.2)]
-    rows[3] |= {"generate_floor_s": 10.0, "train_floor_s": 20.0, "overhead": 1.10, "sync_share": 0.01, "padding_frac": 0.1,
-                "generate_vs_floor": 1.2, "train_vs_floor": 1.05}
-    meta = {"device": "CPU", "samples": 512, "seeds": [0, 1, 2], "overrides": [], "git": "abc", "date": "d",
-            "command": "python tools/bench_rl.py"}
+    rows = [
+        fake_row("PG", 0, 300.0, 0.30),
+        fake_row("PG", 1, 200.0, 0.20),
+        fake_row("PG", 2, 260.0, 0.40),
+        fake_row("RAPID H=8", 0, 100.0, 0.35),
+        fake_row("RAPID H=8", 1, 130.0, 0.25),
+        fake_row("RAPID H=8", 2, 120.0, 0.30),
+        fake_row("TRL GRPOTrainer", 0, 400.0, 0.2),
+        fake_row("TRL GRPOTrainer", 1, 500.0, 0.2),
+        fake_row("TRL GRPOTrainer", 2, 480.0, 0.2),
+    ]
+    rows[3] |= {
+        "generate_floor_s": 10.0,
+        "train_floor_s": 20.0,
+        "overhead": 1.10,
+        "sync_share": 0.01,
+        "padding_frac": 0.1,
+        "generate_vs_floor": 1.2,
+        "train_vs_floor": 1.05,
+    }
+    meta = {
+        "device": "CPU",
+        "samples": 512,
+        "seeds": [0, 1, 2],
+        "overrides": [],
+        "git": "abc",
+        "date": "d",
+        "command": "python tools/bench_rl.py",
+    }
     text = bench_rl.report(rows, meta, tmp_path)
     table = {r["method"]: r for r in csv.DictReader((tmp_path / "bench_rl.csv").open())}
     assert float(table["PG"]["s_per_1k"]) == 260.0 and float(table["RAPID H=8"]["s_per_1k"]) == 120.0
@@ -44,20 +75,37 @@ def test_report_takes_medians_and_ratios(tmp_path):
     assert float(table["RAPID H=8"]["vs_pg"]) == pytest.approx(120 / 260)
     assert float(table["RAPID H=8"]["vs_trl"]) == pytest.approx(120 / 480)
     assert float(table["PG"]["vs_pg"]) == 1.0 and float(table["RAPID H=8"]["accuracy_after"]) == 0.30
-    assert "| RAPID H=8 | 120.0 |" in text and "0.46 | 0.25 |" in text and "**1.100**" in text and "train phase 1.05x" in text
+    assert (
+        "| RAPID H=8 | 120.0 |" in text
+        and "0.46 | 0.25 |" in text
+        and "**1.100**" in text
+        and "train phase 1.05x" in text
+    )
     assert len(list(csv.DictReader((tmp_path / "runs.csv").open()))) == 9
 
 
 @pytest.mark.slow
 def test_floors_replay_the_runs_requests(tmp_path):
     run = tmp_path / "run"
-    args = ["+experiment=smoke", "sampler=vllm", "logger.rollouts=true", "eval.every=0", "ckpt.every=0",
-            f"hydra.run.dir={run}"]
+    args = [
+        "+experiment=smoke",
+        "sampler=vllm",
+        "logger.rollouts=true",
+        "eval.every=0",
+        "ckpt.every=0",
+        f"hydra.run.dir={run}",
+    ]
     env = env_for(tmp_path)
     proc = subprocess.run(command(args, tmp_path), cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "bench_rl.py"), "--floors", str(run)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "bench_rl.py"), "--floors", str(run)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     floors = json.loads((run / "floors.json").read_text())
     rounds = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -73,28 +121,42 @@ def test_floors_replay_the_runs_requests(tmp_path):
 def test_random_architecture_has_the_configured_shape():
     arch = dict(OmegaConf.load(REPO / "conf" / "model" / "qwen2.5_0.5b_random.yaml").architecture)
     assert (arch["num_hidden_layers"], arch["hidden_size"], arch["vocab_size"]) == (24, 896, 151936)
-    small = {**arch, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
-             "num_key_value_heads": 1}
+    small = {
+        **arch,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+    }
     model, tokenizer = load_model_and_tokenizer(architecture=small)
     assert type(model).__name__ == "Qwen2ForCausalLM" and model.config.vocab_size == 151936
-    assert model.model.layers[0].self_attn.q_proj.bias is not None                  # Qwen2's qkv bias
+    assert model.model.layers[0].self_attn.q_proj.bias is not None  # Qwen2's qkv bias
     assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
 
 
 def test_ignore_eos_gives_fixed_length_completions():
     """With a logit bias that makes EOS ~99.5% likely, plain sampling stops after one token; with
     ignore_eos every completion runs to max_new_tokens (and keeps a log-prob per token)."""
-    model, tokenizer = load_model_and_tokenizer(architecture={"hidden_size": 64, "intermediate_size": 128,
-                                                              "num_hidden_layers": 1, "num_attention_heads": 2,
-                                                              "num_key_value_heads": 1, "head_dim": 32})
+    model, tokenizer = load_model_and_tokenizer(
+        architecture={
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+        }
+    )
     bias = torch.zeros(model.config.vocab_size)
     bias[tokenizer.eos_token_id] = 10.0
     model.lm_head.bias = torch.nn.Parameter(bias)
     prompts = [tokenizer("1 + 2 =")["input_ids"]] * 3
     stopped = HFSampler(model, tokenizer).generate(prompts, n=4, max_new_tokens=9, temperature=1.0, seeds=[0, 1, 2])
     assert all(c.token_ids == [tokenizer.eos_token_id] and c.finish_reason == "stop" for g in stopped for c in g)
-    fixed = HFSampler(model, tokenizer, ignore_eos=True).generate(prompts, n=4, max_new_tokens=9, temperature=1.0,
-                                                                 seeds=[0, 1, 2])
+    fixed = HFSampler(model, tokenizer, ignore_eos=True).generate(
+        prompts, n=4, max_new_tokens=9, temperature=1.0, seeds=[0, 1, 2]
+    )
     assert all(len(c.token_ids) == len(c.logprobs) == 9 and c.finish_reason == "length" for g in fixed for c in g)
 
 
@@ -102,12 +164,38 @@ def test_reuse_reads_finished_runs_into_the_table(tmp_path):
     """`--reuse` takes the runs already in --out (here made-up summaries) instead of running them again."""
     for key, rounds_s in (("rapid_h1_s0", 100.0), ("rapid_h8_s0", 60.0)):
         (tmp_path / "runs" / key).mkdir(parents=True)
-        (tmp_path / "runs" / key / "summary.json").write_text(json.dumps(
-            {"samples": 512, "time/rounds_s_total": rounds_s, "time/total_s": 999.0, "time/train_s_total": rounds_s / 2,
-             "eval/accuracy_before": 0.15, "eval/accuracy_after": 0.4, "mem/train_rss_mib_max": 1234.0}))
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "bench_rl.py"), "--h", "1", "8", "--no-grpo", "--no-trl",
-                           "--no-floors", "--reuse", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+        (tmp_path / "runs" / key / "summary.json").write_text(
+            json.dumps(
+                {
+                    "samples": 512,
+                    "time/rounds_s_total": rounds_s,
+                    "time/total_s": 999.0,
+                    "time/train_s_total": rounds_s / 2,
+                    "eval/accuracy_before": 0.15,
+                    "eval/accuracy_after": 0.4,
+                    "mem/train_rss_mib_max": 1234.0,
+                }
+            )
+        )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "bench_rl.py"),
+            "--h",
+            "1",
+            "8",
+            "--no-grpo",
+            "--no-trl",
+            "--no-floors",
+            "--reuse",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = {r["method"]: r for r in csv.DictReader((tmp_path / "bench_rl.csv").open())}
     assert float(table["PG"]["s_per_1k"]) == pytest.approx(100 / 0.512)
@@ -118,8 +206,9 @@ def test_reuse_reads_finished_runs_into_the_table(tmp_path):
 
 # ------------------------------------------------------------------ spread, confidence intervals, predictions
 
+
 def test_bootstrap_degenerate_cases_by_hand():
-    assert bench_rl.bootstrap_accuracy([[1, 1, 1], [1, 1, 1]]) == (1.0, 1.0, 1.0)     # nothing to resample
+    assert bench_rl.bootstrap_accuracy([[1, 1, 1], [1, 1, 1]]) == (1.0, 1.0, 1.0)  # nothing to resample
     assert bench_rl.bootstrap_accuracy([[0, 1, 0, 1]] * 3, n_boot=10)[0] == 0.5
     # one seed always right, one always wrong: a replicate is (number of draws of the first) / 2, i.e. 0, 0.5
     # or 1 with probabilities 1/4, 1/2, 1/4: the 2.5 and 97.5 percentiles are 0 and 1
@@ -159,16 +248,24 @@ def test_wilson_interval_by_hand():
     # 8 of 10: center (0.8 + 1.96^2 / 20) / (1 + 1.96^2 / 10) = 0.99208 / 1.38415 = 0.71674,
     # half 1.96 * sqrt(0.016 + 0.009604) / 1.38415 = 0.22658  ->  (0.4902, 0.9433)
     assert bench_rl.wilson_interval(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)
-    assert bench_rl.wilson_interval(0, 10)[0] == pytest.approx(0.0) and bench_rl.wilson_interval(10, 10)[1] == pytest.approx(1.0)
+    assert bench_rl.wilson_interval(0, 10)[0] == pytest.approx(0.0) and bench_rl.wilson_interval(10, 10)[
+        1
+    ] == pytest.approx(1.0)
 
 
 def test_accuracy_interval_says_how_it_was_made():
     with_outcomes = [{"accuracy_after": 1.0, "eval_correct": [1] * 5}, {"accuracy_after": 0.0, "eval_correct": [0] * 5}]
-    assert bench_rl.accuracy_interval(with_outcomes) == {"accuracy_mean": 0.5, "accuracy_ci_low": 0.0, "accuracy_ci_high": 1.0,
-                                                         "accuracy_ci": "bootstrap over seeds and problems"}
+    assert bench_rl.accuracy_interval(with_outcomes) == {
+        "accuracy_mean": 0.5,
+        "accuracy_ci_low": 0.0,
+        "accuracy_ci_high": 1.0,
+        "accuracy_ci": "bootstrap over seeds and problems",
+    }
     # 50 + 70 of 200 pooled: p = 0.6, center 0.60960 / 1.01921 = 0.59812, half 1.96 * sqrt(0.0012 + 0.000024) / 1.01921
     # = 0.06728  ->  (0.5308, 0.6654)
-    pooled = bench_rl.accuracy_interval([{"accuracy_after": 0.5, "eval_n": 100}, {"accuracy_after": 0.7, "eval_n": 100}])
+    pooled = bench_rl.accuracy_interval(
+        [{"accuracy_after": 0.5, "eval_n": 100}, {"accuracy_after": 0.7, "eval_n": 100}]
+    )
     assert pooled["accuracy_ci"] == "binomial (Wilson), seeds pooled" and pooled["accuracy_mean"] == pytest.approx(0.6)
     assert (pooled["accuracy_ci_low"], pooled["accuracy_ci_high"]) == pytest.approx((0.5308, 0.6654), abs=1e-4)
     seeds_only = bench_rl.accuracy_interval([{"accuracy_after": 0.5}, {"accuracy_after": 0.5}])
@@ -176,24 +273,35 @@ def test_accuracy_interval_says_how_it_was_made():
 
 
 def test_report_shows_spread_interval_and_prediction(tmp_path):
-    rows = [fake_row("PG", s, w, 0.3) | {"eval_correct": [1, 0, 1, 0], "predicted_s_per_1k": 240.0,
-                                         "predicted_generate_s_per_1k": 100.0}
-            for s, w in ((0, 300.0), (1, 200.0), (2, 260.0))]
+    rows = [
+        fake_row("PG", s, w, 0.3)
+        | {"eval_correct": [1, 0, 1, 0], "predicted_s_per_1k": 240.0, "predicted_generate_s_per_1k": 100.0}
+        for s, w in ((0, 300.0), (1, 200.0), (2, 260.0))
+    ]
     rows += [fake_row("TRL GRPOTrainer", 0, 400.0, 0.2) | {"eval_n": 100}]
-    meta = {"device": "CPU", "samples": 512, "seeds": [0, 1, 2], "overrides": [], "git": "abc", "date": "d",
-            "command": "python tools/bench_rl.py", "machine": {"cpu_model": "Test CPU", "cpu_cores": 2,
-                                                                 "vector_extensions": ["avx2", "fma"]}}
+    meta = {
+        "device": "CPU",
+        "samples": 512,
+        "seeds": [0, 1, 2],
+        "overrides": [],
+        "git": "abc",
+        "date": "d",
+        "command": "python tools/bench_rl.py",
+        "machine": {"cpu_model": "Test CPU", "cpu_cores": 2, "vector_extensions": ["avx2", "fma"]},
+    }
     text = bench_rl.report(rows, meta, tmp_path)
     # median 260, spread 200-300, predicted 240: error 240 / 260 - 1 = -8%
     assert "| PG | 260.0 | 200.0-300.0 | 240.0 | -8% |" in text
-    assert "| 0.300 | 0.500 [" in text and "0.200 [0.133, 0.289] b |" in text     # Wilson(20, 100) = (0.1333, 0.2888)
-    assert "| PG | 100.0 / 43.3 |" in text                                           # the per-phase comparison
+    assert "| 0.300 | 0.500 [" in text and "0.200 [0.133, 0.289] b |" in text  # Wilson(20, 100) = (0.1333, 0.2888)
+    assert "| PG | 100.0 / 43.3 |" in text  # the per-phase comparison
     assert "CPU Test CPU (2 cores; vector extensions: avx2 fma)" in text
     saved = json.loads((tmp_path / "bench_rl_meta.json").read_text())
     assert saved["machine"]["vector_extensions"] == ["avx2", "fma"]
     assert saved["accuracy_interval"]["TRL GRPOTrainer"] == "binomial (Wilson), seeds pooled"
     table = {r["method"]: r for r in csv.DictReader((tmp_path / "bench_rl.csv").open())}
-    assert float(table["PG"]["s_per_1k_min"]) == 200.0 and float(table["PG"]["s_per_1k_std"]) == pytest.approx(50.332, abs=1e-3)
+    assert float(table["PG"]["s_per_1k_min"]) == 200.0 and float(table["PG"]["s_per_1k_std"]) == pytest.approx(
+        50.332, abs=1e-3
+    )
     assert float(table["PG"]["prediction_error"]) == pytest.approx(240 / 260 - 1)
     assert "eval_correct" not in next(csv.DictReader((tmp_path / "runs.csv").open()))
 
@@ -215,9 +323,12 @@ def test_predicted_time_of_a_run_from_its_config(tmp_path):
     bench_rl.predict_runs(rows, made_up())
     assert rows[0]["predicted_s_per_1k"] == pytest.approx(132.0)
     assert rows[0]["predicted_generate_s_per_1k"] == pytest.approx(75.0) and "predicted_s_per_1k" not in rows[1]
-    OmegaConf.save(bench_rl.composed(["algorithm=grpo", "algorithm.n_step=4", "algorithm.n_group=4", "algorithm.H=2"]),
-                   run / "config.yaml", resolve=True)
-    bench_rl.predict_runs(rows, made_up())           # GRPO: plus the reference forward, 9.5 s per 1k
+    OmegaConf.save(
+        bench_rl.composed(["algorithm=grpo", "algorithm.n_step=4", "algorithm.n_group=4", "algorithm.H=2"]),
+        run / "config.yaml",
+        resolve=True,
+    )
+    bench_rl.predict_runs(rows, made_up())  # GRPO: plus the reference forward, 9.5 s per 1k
     assert rows[0]["predicted_train_s_per_1k"] == pytest.approx(36.0 + 9.5)
 
 
@@ -232,11 +343,15 @@ def test_predictions_draw_lengths_from_another_runs_rollouts(tmp_path):
     run, donor = tmp_path / "rapid_h1_s0", tmp_path / "donor"
     run.mkdir()
     donor.mkdir()
-    OmegaConf.save(bench_rl.composed(["algorithm=rapid", "algorithm.H=1", "algorithm.n_step=4", "algorithm.n_group=4"]),
-                   run / "config.yaml", resolve=True)
+    OmegaConf.save(
+        bench_rl.composed(["algorithm=rapid", "algorithm.H=1", "algorithm.n_step=4", "algorithm.n_group=4"]),
+        run / "config.yaml",
+        resolve=True,
+    )
     (run / "metrics.jsonl").write_text(json.dumps({"round": 1, "train/completion_len": 4.0}))
-    (donor / "rollouts.jsonl").write_text("\n".join(json.dumps({"round": 1, "group": 0, "completion_ids": [7] * n})
-                                                    for n in (2, 2, 10, 2)))
+    (donor / "rollouts.jsonl").write_text(
+        "\n".join(json.dumps({"round": 1, "group": 0, "completion_ids": [7] * n}) for n in (2, 2, 10, 2))
+    )
     rows = [{"method": "PG", **bench_rl.run_facts(run, {"samples": 4})}]
     bench_rl.predict_runs(rows, made_up())
     assert rows[0]["predicted_s_per_1k"] == pytest.approx(429.0)

@@ -10,8 +10,16 @@ def rollouts(n_groups: int, group_size: int, ids=None) -> list[Rollout]:
     # interleave groups so that members of a group are not adjacent in insertion order
     for j in range(group_size):
         for g in ids:
-            out.append(Rollout(prompt_ids=[1, 2, g % 50 + 3], completion_ids=[4] * (j + 1), logp_mu=[-0.5] * (j + 1),
-                               reward=float(j), group_id=g, truncated=False))
+            out.append(
+                Rollout(
+                    prompt_ids=[1, 2, g % 50 + 3],
+                    completion_ids=[4] * (j + 1),
+                    logp_mu=[-0.5] * (j + 1),
+                    reward=float(j),
+                    group_id=g,
+                    truncated=False,
+                )
+            )
     return out
 
 
@@ -19,15 +27,15 @@ def test_minibatches_cover_round_once_with_whole_groups():
     buf = ReplayBuffer()
     buf.add(rollouts(8, 4, ids=[17, 3, 99, -2, 40, 5, 6, 1000]))
     batches = buf.minibatches(8, torch.Generator().manual_seed(0))
-    assert len(batches) == 4                                    # H = 32 / 8
+    assert len(batches) == 4  # H = 32 / 8
     seen = [id(r) for b in batches for r in b]
-    assert len(seen) == 32 and len(set(seen)) == 32             # every record exactly once
+    assert len(seen) == 32 and len(set(seen)) == 32  # every record exactly once
     for b in batches:
         assert len(b) == 8
         counts = {}
         for r in b:
             counts[r.group_id] = counts.get(r.group_id, 0) + 1
-        assert sorted(counts.values()) == [4, 4]                # two whole groups, never split
+        assert sorted(counts.values()) == [4, 4]  # two whole groups, never split
         # groups are contiguous inside a minibatch (micro-batching relies on it)
         assert [r.group_id for r in b][:4] == [b[0].group_id] * 4
 
@@ -45,7 +53,7 @@ def test_minibatch_order_reproducible_and_seed_dependent():
 def test_minibatches_reject_bad_sizes():
     buf = ReplayBuffer()
     buf.add(rollouts(3, 4))
-    for n_step in (6, 8):   # 6 splits a group; 8 does not divide 12
+    for n_step in (6, 8):  # 6 splits a group; 8 does not divide 12
         try:
             buf.minibatches(n_step, torch.Generator())
         except ValueError as e:
@@ -55,26 +63,38 @@ def test_minibatches_reject_bad_sizes():
 
 
 def test_collate_layout():
-    mk = lambda p, c, gid: Rollout(prompt_ids=p, completion_ids=c, logp_mu=[-1.0 * (t + 1) for t in range(len(c))],
-                                   reward=float(len(c)), group_id=gid, truncated=False)
+    mk = lambda p, c, gid: Rollout(
+        prompt_ids=p,
+        completion_ids=c,
+        logp_mu=[-1.0 * (t + 1) for t in range(len(c))],
+        reward=float(len(c)),
+        group_id=gid,
+        truncated=False,
+    )
     records = [mk([5, 6, 7], [8, 9], 3), mk([5, 6, 7], [8], 3), mk([5], [8, 9, 10], 4), mk([5], [11], 4)]
     batch = collate(records, pad_id=0)
     assert batch.group_size == 2
-    assert batch.prompt_ids.tolist() == [[5, 6, 7], [0, 0, 5]]             # one left-padded row per group
+    assert batch.prompt_ids.tolist() == [[5, 6, 7], [0, 0, 5]]  # one left-padded row per group
     assert batch.prompt_mask.tolist() == [[1, 1, 1], [0, 0, 1]]
     assert batch.completion_ids.tolist() == [[8, 9, 0], [8, 0, 0], [8, 9, 10], [11, 0, 0]]
-    assert batch.completion_mask.tolist() == [[True, True, False], [True, False, False],
-                                              [True, True, True], [True, False, False]]
+    assert batch.completion_mask.tolist() == [
+        [True, True, False],
+        [True, False, False],
+        [True, True, True],
+        [True, False, False],
+    ]
     assert batch.logp_mu.tolist() == [[-1.0, -2.0, 0.0], [-1.0, 0.0, 0.0], [-1.0, -2.0, -3.0], [-1.0, 0.0, 0.0]]
     assert batch.rewards.tolist() == [2.0, 1.0, 3.0, 1.0] and batch.group_ids.tolist() == [3, 3, 4, 4]
     with pytest.raises(ValueError, match="whole groups"):
-        collate(records[:3], pad_id=0)                                      # a split group
+        collate(records[:3], pad_id=0)  # a split group
 
 
 def test_keep_informative_groups_drops_exactly_the_all_equal_groups():
     from rapid.buffer import keep_informative_groups
 
-    mk = lambda gid, r: Rollout(prompt_ids=[1], completion_ids=[2], logp_mu=[0.0], reward=r, group_id=gid, truncated=False)
+    mk = lambda gid, r: Rollout(
+        prompt_ids=[1], completion_ids=[2], logp_mu=[0.0], reward=r, group_id=gid, truncated=False
+    )
     records = [mk(1, 0.0), mk(1, 0.0), mk(2, 1.0), mk(2, 0.0), mk(3, 1.0), mk(3, 1.0), mk(4, 0.5), mk(4, 0.0)]
     kept, dropped = keep_informative_groups(records)
     assert dropped == 2
@@ -82,5 +102,5 @@ def test_keep_informative_groups_drops_exactly_the_all_equal_groups():
     # members need not be adjacent; a group of one is dropped; unequal fractional rewards are kept
     ids, rewards = [4, 8, 4, 8, 4, 8, 2, 2, 6, 9, 9], [1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.5, 0.25]
     kept, dropped = keep_informative_groups([mk(g, r) for g, r in zip(ids, rewards)])
-    assert dropped == 3                                               # groups 4 (1, 1, 1), 2 (0, 0), 6 (one member)
+    assert dropped == 3  # groups 4 (1, 1, 1), 2 (0, 0), 6 (one member)
     assert sorted((r.group_id, r.reward) for r in kept) == [(8, 0.0), (8, 0.0), (8, 1.0), (9, 0.25), (9, 0.5)]

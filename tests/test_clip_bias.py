@@ -1,5 +1,6 @@
 """tools/clip_bias.py: its exact enumeration against the closed-form expectation and the Monte Carlo
 draws of tests/test_iw_grpg.py (the same bandit), and its reported numbers where they are known by hand."""
+
 from __future__ import annotations
 
 import csv
@@ -11,8 +12,7 @@ import sys
 import pytest
 import torch
 
-from tests.test_iw_grpg import (G, PHI, REWARD, THETA, expected_estimate, per_draw_gradients,
-                                sample_draws)
+from tests.test_iw_grpg import PHI, REWARD, THETA, G, expected_estimate, per_draw_gradients, sample_draws
 from tests.test_train import REPO
 
 spec = importlib.util.spec_from_file_location("clip_bias", REPO / "tools" / "clip_bias.py")
@@ -23,7 +23,7 @@ spec.loader.exec_module(clip_bias)
 def test_multisets_cover_every_ordered_group():
     members, coef = clip_bias.multisets(4, 3)
     assert len(members) == math.comb(4 + 3 - 1, 3) == 20
-    assert coef.sum().item() == 4 ** 3                      # every ordered group counted once
+    assert coef.sum().item() == 4**3  # every ordered group counted once
     # {0, 0, 1}: 3 orderings; {0, 1, 2}: 6; {2, 2, 2}: 1
     as_key = {tuple(m.tolist()): c.item() for m, c in zip(members, coef)}
     assert (as_key[(0, 0, 1)], as_key[(0, 1, 2)], as_key[(2, 2, 2)]) == (3, 6, 1)
@@ -46,11 +46,11 @@ def test_enumerated_variance_matches_monte_carlo(leave_one_out):
     n_draws = 40_000
     grads = per_draw_gradients(*sample_draws(n_draws, seed=3), 2.0, leave_one_out)  # [D, X, K]
     mc_mean = grads.mean(0)
-    mc_var = ((grads - mc_mean) ** 2).sum((1, 2))             # [D] |ĝ − mean|²
+    mc_var = ((grads - mc_mean) ** 2).sum((1, 2))  # [D] |ĝ − mean|²
     mean, var, *_ = clip_bias.estimator_moments(THETA, PHI, REWARD, G, 2.0, leave_one_out)
     stderr = mc_var.std().item() / math.sqrt(n_draws)
     assert abs(mc_var.mean().item() - var) < 4 * stderr, (mc_var.mean().item(), var, stderr)
-    assert stderr < 0.03 * var                                 # the check resolves a 12% error
+    assert stderr < 0.03 * var  # the check resolves a 12% error
 
 
 def test_known_values():
@@ -84,15 +84,34 @@ def test_known_values():
 
 
 def test_command_line_writes_table_csv_and_figure(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "clip_bias.py"), "--contexts", "2", "--actions", "3",
-                           "--ks", "0", "2", "--etas", "2", "none", "--out", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "clip_bias.py"),
+            "--contexts",
+            "2",
+            "--actions",
+            "3",
+            "--ks",
+            "0",
+            "2",
+            "--etas",
+            "2",
+            "none",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = (tmp_path / "clip_bias.md").read_text()
     assert "CPU: " in text and "vector extensions" in text and "| none |" in text
     rows = list(csv.DictReader((tmp_path / "clip_bias.csv").open()))
-    assert len(rows) == 2 * 2 * 2 * 4                         # k x eta x leave-one-out x switches
+    assert len(rows) == 2 * 2 * 2 * 4  # k x eta x leave-one-out x switches
     on_policy = [r for r in rows if r["k"] == "0" and r["leave_one_out"] == "False"]
-    assert all(float(r["rel_bias"]) == pytest.approx(0.25, abs=1e-9) for r in on_policy)   # 1/G, G = 4
-    assert all(float(r["var_ratio"]) == pytest.approx(1.0, abs=1e-9) for r in on_policy)   # w = 1: fresh samples
+    assert all(float(r["rel_bias"]) == pytest.approx(0.25, abs=1e-9) for r in on_policy)  # 1/G, G = 4
+    assert all(float(r["var_ratio"]) == pytest.approx(1.0, abs=1e-9) for r in on_policy)  # w = 1: fresh samples
     assert (tmp_path / "clip_bias.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

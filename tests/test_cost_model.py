@@ -1,5 +1,6 @@
 """tools/cost_model.py: the prediction math against hand-computed values, and a smoke run of the measuring
 tool on the tiny random model with the real vLLM engine (then a prediction from its saved JSON)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,22 +21,27 @@ def made_up(**changes) -> dict:
     """A measurement with round numbers: a decoding step costs 0.1 s at 1 sequence, 0.15 at 2, 0.2 at 4, 0.25
     at 8; training micro-batches cost 0.05 + 0.01 * records + 0.002 * records * padded length (forward only: a
     third of each coefficient); the optimizer step 0.03 s, the weight sync 0.16 s, a reward 1 ms."""
-    cm = {"completion_len": 3,
-          "generation": {"sizes": [1, 2, 4, 8], "first_s": [0.5, 0.6, 0.8, 0.4], "step_s": [0.1, 0.15, 0.2, 0.1]},
-          "train": {"fwd_bwd_fit": {"a": 0.05, "per_record": 0.01, "per_token": 0.002},
-                    "fwd_fit": {"a": 0.05 / 3, "per_record": 0.01 / 3, "per_token": 0.002 / 3},
-                    "optimizer_step_s": 0.03},
-          "sync_s": 0.16, "reward_s_per_sample": 0.001}
+    cm = {
+        "completion_len": 3,
+        "generation": {"sizes": [1, 2, 4, 8], "first_s": [0.5, 0.6, 0.8, 0.4], "step_s": [0.1, 0.15, 0.2, 0.1]},
+        "train": {
+            "fwd_bwd_fit": {"a": 0.05, "per_record": 0.01, "per_token": 0.002},
+            "fwd_fit": {"a": 0.05 / 3, "per_record": 0.01 / 3, "per_token": 0.002 / 3},
+            "optimizer_step_s": 0.03,
+        },
+        "sync_s": 0.16,
+        "reward_s_per_sample": 0.001,
+    }
     return cm | changes
 
 
 def test_loglog_interpolation_follows_a_power_law_and_extrapolates_per_sequence():
     xs, ys = [1, 4, 16], [1.0, 16.0, 64.0]
-    assert cost_model.interp_loglog(xs, ys, 2) == pytest.approx(4.0)          # y = x^2 between 1 and 4
-    assert cost_model.interp_loglog(xs, ys, 8) == pytest.approx(32.0)         # y = 4x between 4 and 16
+    assert cost_model.interp_loglog(xs, ys, 2) == pytest.approx(4.0)  # y = x^2 between 1 and 4
+    assert cost_model.interp_loglog(xs, ys, 8) == pytest.approx(32.0)  # y = 4x between 4 and 16
     assert cost_model.interp_loglog(xs, ys, 4) == pytest.approx(16.0)
-    assert cost_model.interp_loglog(xs, ys, 0.5) == 1.0                       # below: the smallest size's
-    assert cost_model.interp_loglog(xs, ys, 64) == pytest.approx(256.0)       # above: 64 * (64 / 16)
+    assert cost_model.interp_loglog(xs, ys, 0.5) == 1.0  # below: the smallest size's
+    assert cost_model.interp_loglog(xs, ys, 64) == pytest.approx(256.0)  # above: 64 * (64 / 16)
 
 
 def test_a_call_pays_for_every_step_of_its_running_sequences():
@@ -45,12 +51,14 @@ def test_a_call_pays_for_every_step_of_its_running_sequences():
     # lengths 2, 2, 6, 10: first_s(4) = 0.8; step 2 with 4 running: 0.2; steps 3-6 with 2: 4 * 0.15;
     # steps 7-10 with 1: 4 * 0.1  ->  0.8 + 0.2 + 0.6 + 0.4 = 2.0
     assert cost_model.call_seconds(g, [10, 2, 6, 2]) == pytest.approx(2.0)
-    assert cost_model.call_seconds(g, [1, 1]) == pytest.approx(0.6)            # one token each: first_s(2) only
+    assert cost_model.call_seconds(g, [1, 1]) == pytest.approx(0.6)  # one token each: first_s(2) only
 
 
 def test_microbatch_fit_recovers_a_linear_cost():
-    points = [{"records": m, "completion_len": c, "t": 0.1 + 0.02 * m + 0.001 * m * c}
-              for m, c in ((4, 10), (4, 20), (8, 10), (8, 30), (4, 40))]
+    points = [
+        {"records": m, "completion_len": c, "t": 0.1 + 0.02 * m + 0.001 * m * c}
+        for m, c in ((4, 10), (4, 20), (8, 10), (8, 30), (4, 40))
+    ]
     fit = cost_model.fit_microbatch(points, "t")
     assert fit == pytest.approx({"a": 0.1, "per_record": 0.02, "per_token": 0.001})
     assert cost_model.microbatch_seconds(fit, 16, 100) == pytest.approx(0.1 + 0.32 + 1.6)
@@ -90,23 +98,28 @@ def test_lengths_drawn_from_groups():
     cm = made_up()
     # one group of lengths 2, 2, 2, 10 (every draw is this group): the call costs first_s(4) + one step at 4
     # + 8 steps at 1 = 0.8 + 0.2 + 0.8 = 1.8; the micro-batch is padded to 10: 0.05 + 0.04 + 0.08 = 0.17, + 0.03
-    row = cost_model.predict(cm, H=1, n_step=4, n_group=4, micro_batch=4, length_groups=[[2, 2, 2, 10]], completion_len=4)
+    row = cost_model.predict(
+        cm, H=1, n_step=4, n_group=4, micro_batch=4, length_groups=[[2, 2, 2, 10]], completion_len=4
+    )
     assert row["generate"] == pytest.approx(1.8 / 4) and row["train"] == pytest.approx(0.2 / 4)
     # rescaled to a mean of 8: lengths 4, 4, 4, 20
     assert cost_model.scaled_groups([[2, 2, 2, 10]], 8) == [[4, 4, 4, 20]]
     # two groups, all-2 or all-6, equally likely: the expectation is the mean of the two fixed-length rounds
     short = cost_model.predict(cm, H=1, n_step=4, n_group=4, micro_batch=4, completion_len=2)
     long = cost_model.predict(cm, H=1, n_step=4, n_group=4, micro_batch=4, completion_len=6)
-    mixed = cost_model.predict(cm, H=1, n_step=4, n_group=4, micro_batch=4, length_groups=[[2] * 4, [6] * 4],
-                               completion_len=4, draws=4000)
-    assert mixed["total"] == pytest.approx((short["total"] + long["total"]) / 2, abs=0.05 * (long["total"] - short["total"]))
+    mixed = cost_model.predict(
+        cm, H=1, n_step=4, n_group=4, micro_batch=4, length_groups=[[2] * 4, [6] * 4], completion_len=4, draws=4000
+    )
+    assert mixed["total"] == pytest.approx(
+        (short["total"] + long["total"]) / 2, abs=0.05 * (long["total"] - short["total"])
+    )
     # groups of another size than n_group: lengths drawn one by one
     assert len(cost_model.draw_lengths([[1, 2, 3]], 2, 4, __import__("numpy").random.default_rng(0))) == 8
 
 
 def test_recommendation_is_the_smallest_h_within_tolerance():
     rows = [{"H": h, "total": t} for h, t in ((1, 10.0), (2, 6.0), (4, 5.1), (8, 5.0), (16, 4.9))]
-    pick, best = cost_model.recommend(rows, 0.05)            # 4.9 * 1.05 = 5.145: H = 4 is the first below
+    pick, best = cost_model.recommend(rows, 0.05)  # 4.9 * 1.05 = 5.145: H = 4 is the first below
     assert (pick["H"], best["H"]) == (4, 16)
     assert cost_model.recommend(rows, 0.0)[0]["H"] == 16
 
@@ -122,7 +135,7 @@ def test_hypothetical_memory_bound_profile():
     # sync 0.08 / 4; reward 0.001 unchanged
     row = cost_model.predict(hyp, H=1, n_step=4, n_group=4, micro_batch=32)
     assert row["total"] == pytest.approx(0.015 + 0.018 + 0.02 + 0.001)
-    assert cm["train"]["optimizer_step_s"] == 0.03                    # the measurement itself is untouched
+    assert cm["train"]["optimizer_step_s"] == 0.03  # the measurement itself is untouched
     table, rows = cost_model.prediction_table(hyp, [1, 2, 4, 8], [4], 4, 32)
     assert "Recommended H" in table and len(rows) == 4
 
@@ -138,9 +151,31 @@ def test_measures_the_tiny_model_then_predicts_from_its_json(tmp_path):
     """The real tool on the tiny random model and the vLLM engine: 2 call sizes, 4-token completions."""
     out = tmp_path / "cm.json"
     env = env_for(tmp_path, OMP_NUM_THREADS="2")
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "cost_model.py"), "+experiment=smoke", "sampler=vllm",
-                           "--sizes", "1", "4", "--completion-len", "4", "--repeats", "1", "--h", "1", "2",
-                           "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "cost_model.py"),
+            "+experiment=smoke",
+            "sampler=vllm",
+            "--sizes",
+            "1",
+            "4",
+            "--completion-len",
+            "4",
+            "--repeats",
+            "1",
+            "--h",
+            "1",
+            "2",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     cm = json.loads(out.read_text())
     assert cm["generation"]["sizes"] == [1, 4] and cm["completion_len"] == 4 and cm["sampler"] == "vllm"
@@ -152,22 +187,58 @@ def test_measures_the_tiny_model_then_predicts_from_its_json(tmp_path):
     g = cm["generation"]
     gen_per_sample = (g["first_s"][1] + 3 * g["step_s"][1]) / 4
     assert cm["predictions"][0]["generate"] == pytest.approx(gen_per_sample, rel=1e-6)
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "cost_model.py"), "--predict", str(out), "--h", "1", "2",
-                           "--n-step", "8", "--out", str(tmp_path / "again.json")], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "cost_model.py"),
+            "--predict",
+            str(out),
+            "--h",
+            "1",
+            "2",
+            "--n-step",
+            "8",
+            "--out",
+            str(tmp_path / "again.json"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     again = json.loads((tmp_path / "again.json").read_text())
     assert [r["total"] for r in again["predictions"]] == pytest.approx([r["total"] for r in cm["predictions"]])
     assert "Recommended H" in (tmp_path / "again.md").read_text()
-    bad = subprocess.run([sys.executable, str(REPO / "tools" / "cost_model.py"), "--predict", str(tmp_path / "none.json")],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "cost_model.py"), "--predict", str(tmp_path / "none.json")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "does not exist" in bad.stdout and "Traceback" not in bad.stderr
 
 
 def test_cpu_clock_needs_one_thread_on_one_core(tmp_path):
     """Process CPU time stands for wall time only with one thread on one core; otherwise one clear sentence
     (here OMP_NUM_THREADS=2, whatever cores the test may use)."""
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "cost_model.py"), "+experiment=smoke", "--clock", "cpu",
-                           "--out", str(tmp_path / "cm.json")], cwd=REPO, env=env_for(tmp_path, OMP_NUM_THREADS="2"),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "cost_model.py"),
+            "+experiment=smoke",
+            "--clock",
+            "cpu",
+            "--out",
+            str(tmp_path / "cm.json"),
+        ],
+        cwd=REPO,
+        env=env_for(tmp_path, OMP_NUM_THREADS="2"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "one thread on one core" in proc.stdout and "Traceback" not in proc.stderr

@@ -1,4 +1,5 @@
 """Where records come from: task.data_path (file or folder), RAPID_DATA_DIR, else the Hub."""
+
 import json
 import sys
 import types
@@ -9,7 +10,7 @@ import pytest
 from rapid.config import ConfigError
 from rapid.tasks.datasets import load_split, parse_hub_spec, read_jsonl
 
-DATA = Path(__file__).parents[2] / "shared" / "data"      # ../shared/data beside the checkout
+DATA = Path(__file__).parents[2] / "shared" / "data"  # ../shared/data beside the checkout
 FILES = {"train": "toy/train.jsonl", "test": "toy/test.jsonl"}
 HUB = {"train": "someone/toy:main@train", "test": "someone/toy@test"}
 
@@ -19,8 +20,9 @@ def folder(tmp_path, monkeypatch):
     monkeypatch.delenv("RAPID_DATA_DIR", raising=False)
     (tmp_path / "toy").mkdir()
     for split, n in (("train", 3), ("test", 2)):
-        (tmp_path / "toy" / f"{split}.jsonl").write_text("".join(json.dumps({"i": i, "s": split}) + "\n"
-                                                                  for i in range(n)) + "\n")
+        (tmp_path / "toy" / f"{split}.jsonl").write_text(
+            "".join(json.dumps({"i": i, "s": split}) + "\n" for i in range(n)) + "\n"
+        )
     return tmp_path
 
 
@@ -51,16 +53,18 @@ def test_hub_spec():
 
 def test_hub_without_datasets_or_offline_is_one_sentence(monkeypatch):
     monkeypatch.delenv("RAPID_DATA_DIR", raising=False)
-    monkeypatch.setitem(sys.modules, "datasets", None)                    # not installed
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
     with pytest.raises(ConfigError, match="not installed: set task.data_path") as err:
         load_split("toy", "test", FILES, HUB)
     assert "\n" not in str(err.value)
 
     def offline(*args, **kwargs):
         raise ConnectionError("no route to huggingface.co")
+
     calls = []
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(
-        load_dataset=lambda *a, **k: calls.append((a, k)) or offline()))
+    monkeypatch.setitem(
+        sys.modules, "datasets", types.SimpleNamespace(load_dataset=lambda *a, **k: calls.append((a, k)) or offline())
+    )
     with pytest.raises(ConfigError, match=r"could not load someone/toy:main@train .*ConnectionError.*RAPID_DATA_DIR"):
         load_split("toy", "train", FILES, HUB)
     assert calls == [(("someone/toy", "main"), {"split": "train"})]
@@ -71,6 +75,11 @@ def test_hub_without_datasets_or_offline_is_one_sentence(monkeypatch):
 def test_shared_data_counts():
     if not DATA.is_dir():
         pytest.skip(f"benchmark data not found at {DATA} (the ../shared/data folder beside the checkout)")
-    counts = {"math500/test.jsonl": 500, "gsm8k/test.jsonl": 1319, "mbpp_plus/test.jsonl": 378,
-              "minif2f/valid.jsonl": 244, "minif2f/test.jsonl": 244}
+    counts = {
+        "math500/test.jsonl": 500,
+        "gsm8k/test.jsonl": 1319,
+        "mbpp_plus/test.jsonl": 378,
+        "minif2f/valid.jsonl": 244,
+        "minif2f/test.jsonl": 244,
+    }
     assert {name: len(read_jsonl(DATA / name)) for name in counts} == counts

@@ -6,6 +6,7 @@ completion-token count. DDP averages the ranks' gradients, so each rank must div
 the *global* count (global / world); dividing by its own count over-weights the rank with the
 shorter completions (here 6 and 23 tokens: per-token weights 2.4x and 0.63x the single-process ones).
 """
+
 from __future__ import annotations
 
 import os
@@ -21,9 +22,9 @@ from rapid.policy import CompletionLogprobs, accumulate_gradients, completion_lo
 from tests.helpers import encode, tiny_model
 
 CPU = torch.device("cpu")
-PAD = 0                                     # the character tokenizer's <pad>
-LENGTHS = ([1, 2, 1, 2], [5, 6, 7, 5])      # rank 0's group: 6 tokens, rank 1's: 23
-NAMES = ("grpo", "dapo")                    # GRPO with aggregation=token_mean; DAPO
+PAD = 0  # the character tokenizer's <pad>
+LENGTHS = ([1, 2, 1, 2], [5, 6, 7, 5])  # rank 0's group: 6 tokens, rank 1's: 23
+NAMES = ("grpo", "dapo")  # GRPO with aggregation=token_mean; DAPO
 
 
 def records(tokenizer) -> list[Rollout]:
@@ -34,8 +35,16 @@ def records(tokenizer) -> list[Rollout]:
     out = []
     for k, lengths in enumerate(LENGTHS):
         for j, length in enumerate(lengths):
-            out.append(Rollout(prompt_ids=prompts[k], completion_ids=torch.randint(3, len(tokenizer), (length,), generator=g).tolist(),
-                               logp_mu=[0.0] * length, reward=float((j + k) % 2), group_id=k, truncated=False))
+            out.append(
+                Rollout(
+                    prompt_ids=prompts[k],
+                    completion_ids=torch.randint(3, len(tokenizer), (length,), generator=g).tolist(),
+                    logp_mu=[0.0] * length,
+                    reward=float((j + k) % 2),
+                    group_id=k,
+                    truncated=False,
+                )
+            )
     with torch.no_grad():
         own = completion_logprobs(CompletionLogprobs(model, 1.0), collate(out, tokenizer.pad_token_id))
     for i, r in enumerate(out):
@@ -48,16 +57,28 @@ def make_loss_fn(name: str):
     def loss_fn(token_logp, batch, n_records, n_tokens):
         adv = group_normalized_advantages(batch.rewards, batch.group_ids)
         if name == "grpo":
-            return grpo_loss(token_logp, batch.logp_mu, None, adv, batch.completion_mask, clip_eps=0.2, kl_coef=0.0,
-                             aggregation="token_mean", normalizer=n_tokens)
-        return dapo_loss(token_logp, batch.logp_mu, adv, batch.completion_mask, clip_low=0.2, clip_high=0.28,
-                         normalizer=n_tokens)
+            return grpo_loss(
+                token_logp,
+                batch.logp_mu,
+                None,
+                adv,
+                batch.completion_mask,
+                clip_eps=0.2,
+                kl_coef=0.0,
+                aggregation="token_mean",
+                normalizer=n_tokens,
+            )
+        return dapo_loss(
+            token_logp, batch.logp_mu, adv, batch.completion_mask, clip_low=0.2, clip_high=0.28, normalizer=n_tokens
+        )
+
     return loss_fn
 
 
 def gradient(policy, model, rollouts, name) -> torch.Tensor:
-    accumulate_gradients(policy, rollouts, make_loss_fn(name), micro_batch=4, pad_id=PAD, device=CPU,
-                         compute_dtype=torch.float32)
+    accumulate_gradients(
+        policy, rollouts, make_loss_fn(name), micro_batch=4, pad_id=PAD, device=CPU, compute_dtype=torch.float32
+    )
     return torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
@@ -86,5 +107,5 @@ def test_token_mean_losses_on_two_ranks_equal_single_process(tmp_path):
         rollouts = records(tok)
         assert [sum(len(r.completion_ids) for r in rollouts if r.group_id == k) for k in (0, 1)] == [6, 23]
         single = gradient(CompletionLogprobs(model, 1.0), model, rollouts, name)
-        assert single.abs().max() > 1e-4                                     # not vacuous
+        assert single.abs().max() > 1e-4  # not vacuous
         torch.testing.assert_close(ddp[name], single, rtol=1e-4, atol=1e-7, msg=name)

@@ -2,6 +2,7 @@
 --no-deps) give the same verdict on the same programs: canonical solutions, one-site mutants, and
 correct programs that return numpy scalars or print megabytes (tools/evalplus_agreement.py; the
 tasks cover the set-equality, not-None, custom-oracle and tolerance paths)."""
+
 import importlib.util
 import json
 from pathlib import Path
@@ -10,13 +11,14 @@ import pytest
 
 from rapid.tasks import sandbox
 from tests.test_mbpp_plus import DATA
+
 REPO = Path(__file__).resolve().parents[1]
 
 spec = importlib.util.spec_from_file_location("evalplus_agreement", REPO / "tools" / "evalplus_agreement.py")
 agreement = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(agreement)
 
-TASKS = ["Mbpp/2", "Mbpp/124", "Mbpp/581", "Mbpp/737"]   # set equality, tolerance, custom oracle, not None
+TASKS = ["Mbpp/2", "Mbpp/124", "Mbpp/581", "Mbpp/737"]  # set equality, tolerance, custom oracle, not None
 
 
 @pytest.fixture(autouse=True)
@@ -26,9 +28,11 @@ def fresh_cache(tmp_path, monkeypatch):
 
 def test_mutants_change_one_site():
     code = "def f(a, b):\n    if a < b:\n        return a + 2\n    return b"
-    assert agreement.mutants(code) == ["def f(a, b):\n    if a < b:\n        return a - 2\n    return b",
-                                       "def f(a, b):\n    if a <= b:\n        return a + 2\n    return b",
-                                       "def f(a, b):\n    if a < b:\n        return a + 3\n    return b"]
+    assert agreement.mutants(code) == [
+        "def f(a, b):\n    if a < b:\n        return a - 2\n    return b",
+        "def f(a, b):\n    if a <= b:\n        return a + 2\n    return b",
+        "def f(a, b):\n    if a < b:\n        return a + 3\n    return b",
+    ]
 
 
 def test_same_verdicts_as_evalplus():
@@ -47,5 +51,5 @@ def test_same_verdicts_as_evalplus():
     kinds = {r["program"] for r in rows}
     assert {"canonical", "numpy", "print", "mutant0"} <= kinds and len(rows) >= 3 * len(TASKS)
     assert all(r["evalplus"] for r in rows if r["program"] in ("canonical", "numpy", "print")), rows
-    assert not all(r["evalplus"] for r in rows if r["program"].startswith("mutant"))    # mutants do fail
+    assert not all(r["evalplus"] for r in rows if r["program"].startswith("mutant"))  # mutants do fail
     assert [r for r in rows if r["evalplus"] != r["rapid"]] == []

@@ -188,7 +188,7 @@ def test_stats_by_hand():
 
 
 def test_normalized_ess_extremes_and_micro_batch_moments():
-    assert normalized_ess(1.0, 1.0) == 1.0                       # on-policy: every w̄ = 1
+    assert normalized_ess(1.0, 1.0) == 1.0  # on-policy: every w̄ = 1
     # one weight of 2 and three of 0 (B = 4): (Σ w̄)² / (B Σ w̄²) = 4 / (4 · 4) = 1/4 = 1/B
     assert normalized_ess(2 / 4, 4 / 4) == pytest.approx(0.25, abs=1e-15)
     assert normalized_ess(0.0, 0.0) == 0.0
@@ -196,10 +196,11 @@ def test_normalized_ess_extremes_and_micro_batch_moments():
     logp, logp_mu, rewards, ids = random_batch(4, n_groups=6, group_size=4)
     _, full = iw_grpg_loss(logp, logp_mu, rewards, ids, eta=2.0)
     w_bar = np.minimum(np.exp(logp.numpy() - logp_mu.numpy()), 2.0)
-    assert normalized_ess(full["w_bar_mean"], full["w_bar_sq_mean"]) == \
-        pytest.approx(w_bar.sum() ** 2 / (len(w_bar) * (w_bar ** 2).sum()), abs=1e-12)
+    assert normalized_ess(full["w_bar_mean"], full["w_bar_sq_mean"]) == pytest.approx(
+        w_bar.sum() ** 2 / (len(w_bar) * (w_bar**2).sum()), abs=1e-12
+    )
     m1 = m2 = 0.0
-    for chunk in (ids.unique()[:2], ids.unique()[2:]):            # 8 and 16 of the 24 records
+    for chunk in (ids.unique()[:2], ids.unique()[2:]):  # 8 and 16 of the 24 records
         idx = torch.isin(ids, chunk).nonzero().squeeze(1)
         _, s = iw_grpg_loss(logp[idx], logp_mu[idx], rewards[idx], ids[idx], eta=2.0)
         m1, m2 = m1 + s["w_bar_mean"] * len(idx) / 24, m2 + s["w_bar_sq_mean"] * len(idx) / 24
@@ -228,8 +229,7 @@ ABL_R, ABL_IDS = t64([1.0, 0.0, 1.0, 0.0]), torch.zeros(4, dtype=torch.long)
 )
 def test_ablation_switches_by_hand(iw_baseline: bool, iw_gradient: bool, coef: list[float]):
     logp = ABL_LOGP.clone().requires_grad_()
-    loss, s = iw_grpg_loss(logp, ABL_MU, ABL_R, ABL_IDS, eta=2.0,
-                           iw_baseline=iw_baseline, iw_gradient=iw_gradient)
+    loss, s = iw_grpg_loss(logp, ABL_MU, ABL_R, ABL_IDS, eta=2.0, iw_baseline=iw_baseline, iw_gradient=iw_gradient)
     (grad,) = torch.autograd.grad(loss, logp)
     torch.testing.assert_close(grad, -t64(coef) / 4, **F64)  # ∂loss/∂logp_n = −coef_n / B
     assert loss.item() == pytest.approx(-(t64(coef) * ABL_LOGP).sum().item() / 4, abs=1e-12)
@@ -244,8 +244,16 @@ def test_ablation_switches_with_leave_one_out_by_hand():
     for iw_baseline, adv in ((True, [2 / 3, -1.0, 1 / 3, -1.0]), (False, [2 / 3, -2 / 3, 2 / 3, -2 / 3])):
         for iw_gradient, weight in ((True, [2.0, 0.5, 1.0, 1.5]), (False, [1.0, 1.0, 1.0, 1.0])):
             logp = ABL_LOGP.clone().requires_grad_()
-            loss, _ = iw_grpg_loss(logp, ABL_MU, ABL_R, ABL_IDS, eta=2.0, leave_one_out=True,
-                                   iw_baseline=iw_baseline, iw_gradient=iw_gradient)
+            loss, _ = iw_grpg_loss(
+                logp,
+                ABL_MU,
+                ABL_R,
+                ABL_IDS,
+                eta=2.0,
+                leave_one_out=True,
+                iw_baseline=iw_baseline,
+                iw_gradient=iw_gradient,
+            )
             (grad,) = torch.autograd.grad(loss, logp)
             torch.testing.assert_close(grad, -t64(weight) * t64(adv) / 4, **F64)
 
@@ -268,8 +276,7 @@ def test_clipped_mass_by_hand():
 
 def test_huge_log_ratio_stays_finite():
     logp = torch.tensor([0.0, -1.0], requires_grad=True)
-    loss, s = iw_grpg_loss(logp, torch.tensor([-500.0, -1.0]), torch.tensor([1.0, 0.0]),
-                           torch.tensor([0, 0]), eta=None)
+    loss, s = iw_grpg_loss(logp, torch.tensor([-500.0, -1.0]), torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), eta=None)
     (grad,) = torch.autograd.grad(loss, logp)
     assert math.isfinite(loss.item()) and torch.isfinite(grad).all()
     assert s["iw_max"] == pytest.approx(math.exp(20.0), rel=1e-6)  # log-ratio clamped at 20
@@ -287,8 +294,7 @@ def test_micro_batches_of_whole_groups_sum_to_full_loss():
     labels = ids.unique()
     for chunk in (labels[:1], labels[1:4], labels[4:]):  # chunks of 1, 3, 2 whole groups
         idx = torch.isin(ids, chunk).nonzero().squeeze(1)
-        loss, _ = iw_grpg_loss(micro_logp[idx], logp_mu[idx], rewards[idx], ids[idx],
-                               leave_one_out=True, normalizer=b)
+        loss, _ = iw_grpg_loss(micro_logp[idx], logp_mu[idx], rewards[idx], ids[idx], leave_one_out=True, normalizer=b)
         total = total + loss
     (micro_grad,) = torch.autograd.grad(total, micro_logp)
     torch.testing.assert_close(total, full.detach(), **F64)
@@ -337,8 +343,7 @@ def expected_estimate(eta: float | None, leave_one_out: bool) -> torch.Tensor:
     if leave_one_out:
         per_context = e_mu(w_bar * REWARD) - e_mu(w_bar) * e_wr
     else:
-        per_context = (e_mu(w_bar * REWARD) - e_mu(w_bar**2 * REWARD) / G
-                       - (G - 1) / G * e_mu(w_bar) * e_wr)
+        per_context = e_mu(w_bar * REWARD) - e_mu(w_bar**2 * REWARD) / G - (G - 1) / G * e_mu(w_bar) * e_wr
     return per_context / X
 
 
@@ -361,8 +366,9 @@ def per_draw_gradients(actions, contexts, group_ids, eta, leave_one_out) -> torc
     logp_mu = mu.log()[contexts, actions].reshape(-1)
     rewards = REWARD[contexts, actions].reshape(-1)
     # all draws in one call: each draw's groups are separate and normalizer = X·G per draw
-    loss, _ = iw_grpg_loss(logp, logp_mu, rewards, group_ids.reshape(-1), eta=eta,
-                           leave_one_out=leave_one_out, normalizer=X * G)
+    loss, _ = iw_grpg_loss(
+        logp, logp_mu, rewards, group_ids.reshape(-1), eta=eta, leave_one_out=leave_one_out, normalizer=X * G
+    )
     (dloss_dlogp,) = torch.autograd.grad(loss, logp)
     coef = -dloss_dlogp.view(n_draws, X, G)  # w̄ A / (X·G)
     onehot_sum = torch.zeros(n_draws, X, K, dtype=torch.float64).scatter_add_(2, actions, coef)
@@ -374,8 +380,15 @@ def test_closed_form_per_draw_gradient_matches_autograd():
     theta = THETA.clone().requires_grad_()
     logp = theta.log_softmax(-1)[contexts, actions].reshape(-1)
     logp_mu = PHI.log_softmax(-1)[contexts, actions].reshape(-1)
-    loss, _ = iw_grpg_loss(logp, logp_mu, REWARD[contexts, actions].reshape(-1),
-                           group_ids.reshape(-1), eta=1.5, leave_one_out=True, normalizer=X * G)
+    loss, _ = iw_grpg_loss(
+        logp,
+        logp_mu,
+        REWARD[contexts, actions].reshape(-1),
+        group_ids.reshape(-1),
+        eta=1.5,
+        leave_one_out=True,
+        normalizer=X * G,
+    )
     (grad,) = torch.autograd.grad(loss, theta)
     closed = per_draw_gradients(actions, contexts, group_ids, 1.5, True).sum(0)
     torch.testing.assert_close(closed, -grad, **F64)

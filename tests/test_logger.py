@@ -1,4 +1,5 @@
 """MetricsLogger: a resumed run continues its W&B run (the same id), instead of starting another."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,9 +16,13 @@ def test_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
     run = tmp_path / "run"
     run.mkdir()
     ids = []
-    for resume_round in (None, 1):                  # the run, then its resumption
-        logger = MetricsLogger(run, wandb_cfg={"enabled": True, "project": "rapid", "name": run.name},
-                               config={"seed": 0}, resume_round=resume_round)
+    for resume_round in (None, 1):  # the run, then its resumption
+        logger = MetricsLogger(
+            run,
+            wandb_cfg={"enabled": True, "project": "rapid", "name": run.name},
+            config={"seed": 0},
+            resume_round=resume_round,
+        )
         logger.log({"round": 1 if resume_round is None else 2, "train/reward_mean": 0.5})
         ids.append(logger.wandb.id)
         logger.close()

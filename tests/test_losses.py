@@ -46,8 +46,9 @@ def np_group_normalized(rewards, group_ids, eps=1e-4, scale="std") -> np.ndarray
     return out
 
 
-def np_clipped_loss(logp, logp_old, logp_ref, adv, mask, eps_low, eps_high, beta,
-                    aggregation, max_tokens=None, normalizer=None):
+def np_clipped_loss(
+    logp, logp_old, logp_ref, adv, mask, eps_low, eps_high, beta, aggregation, max_tokens=None, normalizer=None
+):
     """Reference: explicit loops over (n, t). Returns loss, d loss / d logp [B, T], stats.
 
     The clip is *active* (the token gets no PG gradient) iff A > 0 and r > 1 + eps_high, or
@@ -83,9 +84,13 @@ def np_clipped_loss(logp, logp_old, logp_ref, adv, mask, eps_low, eps_high, beta
                 kl_sum += k3
             loss -= coef * (pg - beta * k3)
             grad[n, i] = -coef * (dpg - beta * dk3)
-    stats = dict(clip_frac_low=n_low / total_tokens, clip_frac_high=n_high / total_tokens,
-                 clip_frac=(n_low + n_high) / total_tokens, ratio_mean=ratio_sum / total_tokens,
-                 kl_mean=kl_sum / total_tokens)
+    stats = dict(
+        clip_frac_low=n_low / total_tokens,
+        clip_frac_high=n_high / total_tokens,
+        clip_frac=(n_low + n_high) / total_tokens,
+        ratio_mean=ratio_sum / total_tokens,
+        kl_mean=kl_sum / total_tokens,
+    )
     return loss, grad, stats
 
 
@@ -152,8 +157,7 @@ K3 = [[1 - LN2, 0.0, LN2 - 0.5], [2 - LN3, 1 - LN2]]
 DK3 = [[-1.0, 0.0, 0.5], [-2.0, -1.0]]
 # the weight of a token of sequence n in the loss, per aggregation (lengths 3 and 2, B = 2):
 #   seq_mean_token_mean 1/(B·T_n) = 1/6, 1/4;  token_mean 1/5;  constant (max_tokens 4) 1/8
-COEF = {"seq_mean_token_mean": (1 / 6, 1 / 4), "token_mean": (1 / 5, 1 / 5),
-        "constant": (1 / 8, 1 / 8)}
+COEF = {"seq_mean_token_mean": (1 / 6, 1 / 4), "token_mean": (1 / 5, 1 / 5), "constant": (1 / 8, 1 / 8)}
 # Without KL: seq-mean −(2.8/3 − 4.6/2)/2 = 41/60; token-mean −(2.8 − 4.6)/5 = 9/25;
 # constant −(2.8 − 4.6)/8 = 9/40: different numbers for the same tokens.
 NO_KL_LOSS = {"seq_mean_token_mean": 41 / 60, "token_mean": 9 / 25, "constant": 9 / 40}
@@ -163,14 +167,13 @@ NO_KL_LOSS = {"seq_mean_token_mean": 41 / 60, "token_mean": 9 / 25, "constant": 
 @pytest.mark.parametrize("beta", [0.0, 0.04, 0.5])
 def test_grpo_loss_and_gradient_by_hand(aggregation: str, beta: float):
     logp, logp_old, logp_ref = hand_batch(r02=1.1)
-    loss, stats = grpo_loss(logp, logp_old, logp_ref, ADV, MASK, clip_eps=0.2, kl_coef=beta,
-                            aggregation=aggregation, max_tokens=4)
+    loss, stats = grpo_loss(
+        logp, logp_old, logp_ref, ADV, MASK, clip_eps=0.2, kl_coef=beta, aggregation=aggregation, max_tokens=4
+    )
     (grad,) = torch.autograd.grad(loss, logp)
     coef = COEF[aggregation]
-    want_loss = -sum(c * sum(p - beta * k for p, k in zip(pg, k3))
-                     for c, pg, k3 in zip(coef, PG, K3))
-    want_grad = padded([[-c * (g - beta * dk) for g, dk in zip(dpg, dk3)]
-                        for c, dpg, dk3 in zip(coef, DPG, DK3)])
+    want_loss = -sum(c * sum(p - beta * k for p, k in zip(pg, k3)) for c, pg, k3 in zip(coef, PG, K3))
+    want_grad = padded([[-c * (g - beta * dk) for g, dk in zip(dpg, dk3)] for c, dpg, dk3 in zip(coef, DPG, DK3)])
     assert loss.item() == pytest.approx(want_loss, abs=1e-12)
     if beta == 0.0:
         assert loss.item() == pytest.approx(NO_KL_LOSS[aggregation], abs=1e-12)
@@ -190,20 +193,17 @@ def test_grpo_loss_and_gradient_by_hand(aggregation: str, beta: float):
 @pytest.mark.parametrize("aggregation", list(COEF))
 def test_grpo_without_reference_has_no_kl_term(aggregation: str):
     logp, logp_old, _ = hand_batch(r02=1.1)
-    loss, stats = grpo_loss(logp, logp_old, None, ADV, MASK, kl_coef=0.04,
-                            aggregation=aggregation, max_tokens=4)
+    loss, stats = grpo_loss(logp, logp_old, None, ADV, MASK, kl_coef=0.04, aggregation=aggregation, max_tokens=4)
     (grad,) = torch.autograd.grad(loss, logp)
     assert loss.item() == pytest.approx(NO_KL_LOSS[aggregation], abs=1e-12)
     coef = COEF[aggregation]
-    torch.testing.assert_close(grad, padded([[-c * g for g in dpg] for c, dpg in zip(coef, DPG)]),
-                               **F64)
+    torch.testing.assert_close(grad, padded([[-c * g for g in dpg] for c, dpg in zip(coef, DPG)]), **F64)
     assert stats["kl_mean"] == 0.0
 
 
 def test_grpo_float32_and_bfloat16_inputs():
     logp, logp_old, logp_ref = hand_batch(r02=1.1)
-    want = -sum(c * sum(p - 0.04 * k for p, k in zip(pg, k3))
-                for c, pg, k3 in zip(COEF["seq_mean_token_mean"], PG, K3))
+    want = -sum(c * sum(p - 0.04 * k for p, k in zip(pg, k3)) for c, pg, k3 in zip(COEF["seq_mean_token_mean"], PG, K3))
     lp32 = logp.detach().float().requires_grad_()
     loss, _ = grpo_loss(lp32, logp_old.float(), logp_ref.float(), ADV.float(), MASK)
     assert loss.dtype == torch.float32 and loss.item() == pytest.approx(want, abs=1e-6)
@@ -229,8 +229,9 @@ def test_dapo_loss_and_gradient_by_hand():
     assert loss.item() == pytest.approx(0.314, abs=1e-12)
     torch.testing.assert_close(grad, padded([[0.0, -0.1, -0.25], [0.0, 0.6]]), **F64)
     # r mean (1.5 + 0.5 + 1.25 + 0.5 + 1.5)/5 = 1.05
-    assert stats == pytest.approx(dict(clip_frac_low=0.2, clip_frac_high=0.2, clip_frac=0.4,
-                                       ratio_mean=1.05), abs=1e-12)
+    assert stats == pytest.approx(
+        dict(clip_frac_low=0.2, clip_frac_high=0.2, clip_frac=0.4, ratio_mean=1.05), abs=1e-12
+    )
 
     # the same tokens under GRPO's symmetric ε = 0.2: r 1.25 is clipped (1.2), no gradient
     loss, stats = grpo_loss(logp, logp_old, None, ADV, MASK, clip_eps=0.2, aggregation="token_mean")
@@ -256,11 +257,13 @@ def test_dapo_normalizer_by_hand():
 def test_grpo_matches_numpy_loop(seed: int, aggregation: str):
     logp, logp_old, logp_ref, adv, mask = random_batch(seed)
     logp.requires_grad_()
-    loss, stats = grpo_loss(logp, logp_old, logp_ref, adv, mask, clip_eps=0.2, kl_coef=0.1,
-                            aggregation=aggregation, max_tokens=9)
+    loss, stats = grpo_loss(
+        logp, logp_old, logp_ref, adv, mask, clip_eps=0.2, kl_coef=0.1, aggregation=aggregation, max_tokens=9
+    )
     (grad,) = torch.autograd.grad(loss, logp)
     want_loss, want_grad, want_stats = np_clipped_loss(
-        *np_args(logp, logp_old, logp_ref, adv, mask), 0.2, 0.2, 0.1, aggregation, 9)
+        *np_args(logp, logp_old, logp_ref, adv, mask), 0.2, 0.2, 0.1, aggregation, 9
+    )
     assert 0 < stats["clip_frac_low"] and 0 < stats["clip_frac_high"] and stats["clip_frac"] < 0.8
     assert loss.item() == pytest.approx(want_loss, abs=1e-12)
     torch.testing.assert_close(grad, torch.from_numpy(want_grad), **F64)
@@ -274,7 +277,8 @@ def test_dapo_matches_numpy_loop(seed: int):
     loss, stats = dapo_loss(logp, logp_old, adv, mask, clip_low=0.2, clip_high=0.28)
     (grad,) = torch.autograd.grad(loss, logp)
     want_loss, want_grad, want_stats = np_clipped_loss(
-        *np_args(logp, logp_old, None, adv, mask), 0.2, 0.28, 0.0, "token_mean")
+        *np_args(logp, logp_old, None, adv, mask), 0.2, 0.28, 0.0, "token_mean"
+    )
     assert loss.item() == pytest.approx(want_loss, abs=1e-12)
     torch.testing.assert_close(grad, torch.from_numpy(want_grad), **F64)
     del want_stats["kl_mean"]
@@ -283,9 +287,8 @@ def test_dapo_matches_numpy_loop(seed: int):
 
 def test_aggregations_differ_on_unequal_lengths():
     logp, logp_old, logp_ref, adv, mask = random_batch(0)
-    losses = [grpo_loss(logp, logp_old, logp_ref, adv, mask, aggregation=a, max_tokens=7)[0].item()
-              for a in COEF]
-    assert min(abs(x - y) for i, x in enumerate(losses) for y in losses[i + 1:]) > 1e-3
+    losses = [grpo_loss(logp, logp_old, logp_ref, adv, mask, aggregation=a, max_tokens=7)[0].item() for a in COEF]
+    assert min(abs(x - y) for i, x in enumerate(losses) for y in losses[i + 1 :]) > 1e-3
 
 
 # ----------------------------------------------------------------------------- on-policy GRPO
@@ -300,8 +303,7 @@ def test_on_policy_grpo_is_group_normalized_pg(with_reference: bool):
     rewards = t64([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
     adv = group_normalized_advantages(rewards, ids)
     logp.requires_grad_()
-    loss, stats = grpo_loss(logp, logp.detach().clone(), logp_ref if with_reference else None,
-                            adv, mask, kl_coef=0.0)
+    loss, stats = grpo_loss(logp, logp.detach().clone(), logp_ref if with_reference else None, adv, mask, kl_coef=0.0)
     (grad,) = torch.autograd.grad(loss, logp)
     a = np_group_normalized(rewards.numpy(), ids.numpy())
     lengths = mask.sum(1).numpy()
@@ -327,14 +329,15 @@ def test_grpo_micro_batches_sum_to_full_loss(aggregation: str):
 
     normalizer = int(mask.sum()) if aggregation == "token_mean" else len(adv)
     micro_logp = logp.clone().requires_grad_()
-    total = sum(grpo_loss(micro_logp[s], logp_old[s], logp_ref[s], adv[s], mask[s],
-                          normalizer=normalizer, **kwargs)[0] for s in CHUNKS)
+    total = sum(
+        grpo_loss(micro_logp[s], logp_old[s], logp_ref[s], adv[s], mask[s], normalizer=normalizer, **kwargs)[0]
+        for s in CHUNKS
+    )
     (micro_grad,) = torch.autograd.grad(total, micro_logp)
     torch.testing.assert_close(total, full.detach(), **F64)
     torch.testing.assert_close(micro_grad, full_grad, **F64)
     # and without the normalizer each chunk normalises by itself: a different (wrong) sum
-    alone = sum(grpo_loss(logp[s], logp_old[s], logp_ref[s], adv[s], mask[s], **kwargs)[0]
-                for s in CHUNKS)
+    alone = sum(grpo_loss(logp[s], logp_old[s], logp_ref[s], adv[s], mask[s], **kwargs)[0] for s in CHUNKS)
     assert abs(alone.item() - full.item()) > 1e-3
 
 
@@ -344,8 +347,7 @@ def test_dapo_micro_batches_sum_to_full_loss():
     full, _ = dapo_loss(full_logp, logp_old, adv, mask)
     (full_grad,) = torch.autograd.grad(full, full_logp)
     micro_logp = logp.clone().requires_grad_()
-    total = sum(dapo_loss(micro_logp[s], logp_old[s], adv[s], mask[s],
-                          normalizer=int(mask.sum()))[0] for s in CHUNKS)
+    total = sum(dapo_loss(micro_logp[s], logp_old[s], adv[s], mask[s], normalizer=int(mask.sum()))[0] for s in CHUNKS)
     (micro_grad,) = torch.autograd.grad(total, micro_logp)
     torch.testing.assert_close(total, full.detach(), **F64)
     torch.testing.assert_close(micro_grad, full_grad, **F64)
@@ -390,8 +392,13 @@ def test_fully_masked_completion_counts_in_seq_mean_but_adds_nothing():
 
 def test_huge_log_ratio_stays_finite():
     logp = torch.tensor([[0.0, -1.0]], requires_grad=True)
-    loss, stats = grpo_loss(logp, torch.tensor([[-500.0, -1.0]]), torch.tensor([[-500.0, -1.0]]),
-                            torch.tensor([-1.0]), torch.ones(1, 2, dtype=torch.bool))
+    loss, stats = grpo_loss(
+        logp,
+        torch.tensor([[-500.0, -1.0]]),
+        torch.tensor([[-500.0, -1.0]]),
+        torch.tensor([-1.0]),
+        torch.ones(1, 2, dtype=torch.bool),
+    )
     (grad,) = torch.autograd.grad(loss, logp)
     assert math.isfinite(loss.item()) and torch.isfinite(grad).all()
     assert all(math.isfinite(v) for v in stats.values())
@@ -454,8 +461,8 @@ def test_overlong_penalty_band_edges():
     got = overlong_penalty(lengths, max_len=100, cache_len=20)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.double(), want, **F32)
-    torch.testing.assert_close(overlong_penalty(lengths.double(), 100, 20, penalty=0.5),
-                               want * 0.5, **F64)
+    torch.testing.assert_close(overlong_penalty(lengths.double(), 100, 20, penalty=0.5), want * 0.5, **F64)
     # no soft band: a step after L_max
-    torch.testing.assert_close(overlong_penalty(torch.tensor([99, 100, 101]), 100, 0),
-                               torch.tensor([0.0, 0.0, -1.0]), **F32)
+    torch.testing.assert_close(
+        overlong_penalty(torch.tensor([99, 100, 101]), 100, 0), torch.tensor([0.0, 0.0, -1.0]), **F32
+    )

@@ -1,4 +1,5 @@
 """MATH grading: the last \\boxed{} answer against the reference, by a hand-written table."""
+
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ from rapid.rewards import score
 from rapid.tasks import math as task
 from rapid.tasks.grading import GradingError
 
-DATA = Path(__file__).parents[2] / "shared" / "data"      # ../shared/data beside the checkout
+DATA = Path(__file__).parents[2] / "shared" / "data"  # ../shared/data beside the checkout
 
 
 def need_data():
@@ -26,42 +27,42 @@ def need_data():
 TABLE = [
     ("12", "12", True),
     ("13", "12", False),
-    ("\\text{(C)}", "\\text{(C)}", True),                        # multiple choice
-    ("(C)", "\\text{(C)}", True),                                # \text{} wrapper
+    ("\\text{(C)}", "\\text{(C)}", True),  # multiple choice
+    ("(C)", "\\text{(C)}", True),  # \text{} wrapper
     ("(B)", "\\text{(C)}", False),
-    ("10", "10\\text{ inches}", True),                            # units
+    ("10", "10\\text{ inches}", True),  # units
     ("864", "864 \\mbox{ inches}^2", True),
     ("5.4", "5.4 \\text{ cents}", True),
-    ("50\\%", "50", True),                                       # percent
-    ("\\$18.90", "18.90", True),                                 # dollars
-    ("18.9", "\\$18.90", True),                                   # trailing zero: exact decimal
-    ("90^\\circ", "90", True),                                   # degrees
+    ("50\\%", "50", True),  # percent
+    ("\\$18.90", "18.90", True),  # dollars
+    ("18.9", "\\$18.90", True),  # trailing zero: exact decimal
+    ("90^\\circ", "90", True),  # degrees
     ("90^{\\circ}", "91", False),
-    ("x = 5", "5", True),                                        # variable prefix
+    ("x = 5", "5", True),  # variable prefix
     ("y = 2x + 3", "y=2x+3", True),
-    ("10080", "10,\\!080", True),                                 # thousands separators
+    ("10080", "10,\\!080", True),  # thousands separators
     ("1{,}000", "1000", True),
     ("1,001", "1000", False),
-    ("\\dfrac{1}{2}", "\\frac12", True),                          # \dfrac, \frac12 shorthand
+    ("\\dfrac{1}{2}", "\\frac12", True),  # \dfrac, \frac12 shorthand
     ("\\tfrac{3}{4}", "\\frac{3}{4}", True),
-    ("0.5", "\\frac{1}{2}", True),                                # fraction = exact decimal
+    ("0.5", "\\frac{1}{2}", True),  # fraction = exact decimal
     ("0.25", "\\frac14", True),
-    ("0.333", "\\frac{1}{3}", False),                             # not exactly equal
+    ("0.333", "\\frac{1}{3}", False),  # not exactly equal
     (".5", "\\frac{1}{2}", True),
-    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})", True),   # \left \right and spaces
-    ("(3, \\frac{\\pi}{2})", "(\\frac{\\pi}{2}, 3)", False),      # tuple order matters
-    ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}", True),        # surds (symbolic)
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})", True),  # \left \right and spaces
+    ("(3, \\frac{\\pi}{2})", "(\\frac{\\pi}{2}, 3)", False),  # tuple order matters
+    ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}", True),  # surds (symbolic)
     ("2\\sqrt{3}", "\\sqrt{12}", True),
     ("\\sqrt{3}", "\\sqrt{2}", False),
     ("11\\sqrt2", "11\\sqrt{2}", True),
-    ("[1, 2)", "[1,2)", True),                                   # intervals keep their brackets
+    ("[1, 2)", "[1,2)", True),  # intervals keep their brackets
     ("[1, 2]", "[1,2)", False),
     ("(-\\infty, 3]", "(-\\infty,3]", True),
     ("(-\\infty, 3)", "(-\\infty,3]", False),
-    ("x^2+2x+1", "(x+1)^2", True),                               # expressions
+    ("x^2+2x+1", "(x+1)^2", True),  # expressions
     ("x^2+2x", "(x+1)^2", False),
     ("\\frac{4}{6}", "\\frac{2}{3}", True),
-    ("-\\frac{1}{2}", "\\frac{1}{2}", False),                     # sign matters
+    ("-\\frac{1}{2}", "\\frac{1}{2}", False),  # sign matters
     ("\\begin{pmatrix} -1/3 \\\\ 2/3 \\end{pmatrix}", "\\begin{pmatrix} -1/3 \\\\ 2/3 \\end{pmatrix}", True),
     ("\\text{Evelyn}", "\\text{Evelyn}", True),
     ("Navin", "\\text{Evelyn}", False),
@@ -84,7 +85,7 @@ def test_only_the_last_box_counts_and_no_box_no_credit():
     assert task.reward("\\boxed{5} no wait \\boxed{6}", {"answer": "6"}) == 1.0
     assert task.reward("\\boxed{5} no wait \\boxed{6}", {"answer": "5"}) == 0.0
     assert task.reward("the answer is 5", {"answer": "5"}) == 0.0
-    assert task.reward("\\boxed{5", {"answer": "5"}) == 0.0                    # unbalanced
+    assert task.reward("\\boxed{5", {"answer": "5"}) == 0.0  # unbalanced
 
 
 def test_pathological_expression_times_out_and_is_counted():
@@ -92,15 +93,17 @@ def test_pathological_expression_times_out_and_is_counted():
     record = {"answer": "1", "grading": {"timeout_s": 1.0}}
     with pytest.raises(GradingError, match="math-verify took over 1 s"):
         task.reward("\\boxed{9^{9^{9^{9}}}}", record)
-    assert score(task, ["\\boxed{9^{9^{9^{9}}}}"], [record]) == ([0.0], 1)      # scored 0, counted
-    assert time.monotonic() - start < 16.0                 # 2 x (1 s limit + killing and restarting the checker)
+    assert score(task, ["\\boxed{9^{9^{9^{9}}}}"], [record]) == ([0.0], 1)  # scored 0, counted
+    assert time.monotonic() - start < 16.0  # 2 x (1 s limit + killing and restarting the checker)
     assert task.reward("\\boxed{\\frac{\\sqrt{2}}{2}}", {"answer": "\\frac{1}{\\sqrt{2}}"}) == 1.0  # recovered
 
 
 def test_degree_normalising_is_linear_time():
-    assert [task.normalize(a) for a in ("90^\\circ", "90^{\\circ}", "90 ^ { \\circ }", "30\\circ")] == ["90"] * 3 + ["30"]
+    assert [task.normalize(a) for a in ("90^\\circ", "90^{\\circ}", "90 ^ { \\circ }", "30\\circ")] == ["90"] * 3 + [
+        "30"
+    ]
     start = time.monotonic()
-    task.normalize("1^" + " " * 60_000 + "x")          # the former pattern backtracked: ~11 s here
+    task.normalize("1^" + " " * 60_000 + "x")  # the former pattern backtracked: ~11 s here
     task.normalize("^ {" * 20_000)
     assert time.monotonic() - start < 1.0
 
@@ -123,13 +126,21 @@ def wait_gone(pid: int, seconds: float = 10.0) -> bool:
 def test_symbolic_checker_dies_with_its_parent():
     """A grading process killed outright (SIGKILL, no clean-up) while sympy computes (holding the
     GIL, deaf to its closed stdin) does not leave it running."""
-    parent = subprocess.Popen([sys.executable, "-c", "from rapid.tasks.grading import SYMBOLIC\n"
-                               "SYMBOLIC.equal('1', '1', 120)\nprint(SYMBOLIC._proc.pid, flush=True)\n"
-                               "SYMBOLIC.equal('1', '9^{9^{9^{9}}}', 600)"],
-                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from rapid.tasks.grading import SYMBOLIC\n"
+            "SYMBOLIC.equal('1', '1', 120)\nprint(SYMBOLIC._proc.pid, flush=True)\n"
+            "SYMBOLIC.equal('1', '9^{9^{9^{9}}}', 600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         server = int(parent.stdout.readline())
-        time.sleep(1.0)                                    # the huge power is being computed now
+        time.sleep(1.0)  # the huge power is being computed now
         assert alive(server)
     finally:
         parent.kill()
@@ -161,7 +172,7 @@ def test_load_12k_train_and_math500(monkeypatch, capsys):
     need_data()
     monkeypatch.setenv("RAPID_DATA_DIR", str(DATA))
     train, test = task.load("train"), task.load("test", grading_timeout_s=3.0)
-    assert len(train) == 11998 and task.DROPPED["train"] == 2         # two empty \boxed{} answers dropped
+    assert len(train) == 11998 and task.DROPPED["train"] == 2  # two empty \boxed{} answers dropped
     assert "dropped 2 of 12000 train records" in capsys.readouterr().out
     assert len(test) == 500 and test[0]["grading"] == {"timeout_s": 3.0}
     assert not {r["unique_id"] for r in train} & {r["unique_id"] for r in test}
@@ -179,13 +190,14 @@ def test_load_from_a_single_file_derives_missing_answers(tmp_path):
 
 def test_offline_hub_is_one_config_error(monkeypatch):
     monkeypatch.delenv("RAPID_DATA_DIR", raising=False)
-    monkeypatch.setitem(sys.modules, "datasets", None)          # as on CI: not installed (never download)
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as on CI: not installed (never download)
     with pytest.raises(ConfigError, match="RAPID_DATA_DIR"):
         task.load("test")
 
 
 class PlainTokenizer:
     """A tokenizer without a chat template that remembers the texts it was given."""
+
     chat_template = None
 
     def __call__(self, texts, add_special_tokens):
@@ -228,4 +240,4 @@ def test_score_inline_and_with_a_task_module():
     assert (rewards, failed) == ([1.0, 0.0], 1)
     records = [{"answer": "\\frac{1}{\\sqrt{2}}"}, {"answer": "1", "grading": {"timeout_s": 1.0}}]
     completions = ["\\boxed{\\frac{\\sqrt{2}}{2}}", "\\boxed{9^{9^{9^{9}}}}"]
-    assert score(task, completions, records, workers=2, timeout=30.0) == ([1.0, 0.0], 1)   # the timeout counted
+    assert score(task, completions, records, workers=2, timeout=30.0) == ([1.0, 0.0], 1)  # the timeout counted

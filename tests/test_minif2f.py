@@ -1,6 +1,7 @@
 """MiniF2F: proof extraction, textual rejection and the Lean checker up to the process boundary.
 Lean cannot be installed here, so a stand-in `lake` (a Python script put first on PATH) records its
 arguments and the file it was given, and answers like Lean would."""
+
 import json
 import os
 import stat
@@ -14,9 +15,12 @@ import pytest
 from rapid.config import ConfigError
 from rapid.tasks import minif2f as task
 
-DATA = Path(__file__).parents[2] / "shared" / "data"      # ../shared/data beside the checkout
-RECORD = {"name": "mathd_algebra_10", "header": "import Mathlib\nimport Aesop\n\nopen Real\n\n",
-          "formal_statement": "theorem mathd_algebra_10 : abs ((120 : ℝ) / 100 * 30 - 130 / 100 * 20) = 10 := by\n"}
+DATA = Path(__file__).parents[2] / "shared" / "data"  # ../shared/data beside the checkout
+RECORD = {
+    "name": "mathd_algebra_10",
+    "header": "import Mathlib\nimport Aesop\n\nopen Real\n\n",
+    "formal_statement": "theorem mathd_algebra_10 : abs ((120 : ℝ) / 100 * 30 - 130 / 100 * 20) = 10 := by\n",
+}
 
 FAKE_LAKE = """\
 #!{python}
@@ -68,13 +72,16 @@ def test_accepted_proof_drives_lake_env_lean(lean, tmp_path):
     (call,) = calls(tmp_path)
     assert call["argv"][:2] == ["env", "lean"] and call["argv"][2].endswith(".lean")
     assert os.path.samefile(call["cwd"], lean["lean"]["project_dir"])
-    assert call["source"] == RECORD["header"] + RECORD["formal_statement"] + proof + \
-        "\n\n#print axioms mathd_algebra_10\n"
-    assert not Path(call["argv"][2]).exists()                       # the temporary file is removed
+    assert (
+        call["source"] == RECORD["header"] + RECORD["formal_statement"] + proof + "\n\n#print axioms mathd_algebra_10\n"
+    )
+    assert not Path(call["argv"][2]).exists()  # the temporary file is removed
 
 
-@pytest.mark.parametrize("proof", ["  sorry\n", "  admit\n", "  exact foo -- uses sorry\n",
-                                   "  exact h\naxiom cheat : False\n", "  #exit\n", "   \n"])
+@pytest.mark.parametrize(
+    "proof",
+    ["  sorry\n", "  admit\n", "  exact foo -- uses sorry\n", "  exact h\naxiom cheat : False\n", "  #exit\n", "   \n"],
+)
 def test_forbidden_text_is_rejected_without_running_lean(lean, tmp_path, proof):
     assert task.reward(f"```lean4\n{proof}```", graded(lean)) == 0.0
     assert calls(tmp_path) == []
@@ -95,9 +102,9 @@ def test_timeout_is_zero_and_kills_lean(lean):
 def test_extract_proof():
     statement = RECORD["formal_statement"]
     assert task.extract_proof("```lean4\n  simp\n```", statement) == "  simp\n"
-    assert task.extract_proof(f"```lean4\n{statement}  simp\n```", statement) == "  simp\n"   # repeated statement
+    assert task.extract_proof(f"```lean4\n{statement}  simp\n```", statement) == "  simp\n"  # repeated statement
     assert task.extract_proof("  nlinarith\n```\nThat is all.", statement) == "  nlinarith\n"  # prompt opened it
-    assert task.extract_proof("```lean\n  a\n```\n```lean4\n  b\n", statement) == "  b\n"    # last, unclosed
+    assert task.extract_proof("```lean\n  a\n```\n```lean4\n  b\n", statement) == "  b\n"  # last, unclosed
 
 
 def test_accepted_output_parsing():
@@ -105,11 +112,11 @@ def test_accepted_output_parsing():
     assert task.accepted("'t' depends on axioms: [propext, Quot.sound]\n", "t")
     assert not task.accepted("'t' depends on axioms: [propext, my_axiom]\n", "t")
     assert not task.accepted("f.lean:3:0: error: unknown identifier\n't' depends on axioms: [propext]\n", "t")
-    assert not task.accepted("", "t")                                # no axioms line: #exit or crash
+    assert not task.accepted("", "t")  # no axioms line: #exit or crash
 
 
 def test_missing_toolchain_is_one_config_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", str(tmp_path))                        # no lake anywhere
+    monkeypatch.setenv("PATH", str(tmp_path))  # no lake anywhere
     with pytest.raises(ConfigError, match="`lake` is not on PATH: install elan") as err:
         task.check_lean_available({"lean": {"project_dir": str(tmp_path)}})
     assert "\n" not in str(err.value)

@@ -1,5 +1,6 @@
 """Tests for rapid.mismatch: the truncated correction between the trainer's μ and the engine's
 μ_engine, against hand computations, and how it composes with IW-GRPG and DAPO."""
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,9 @@ F64 = dict(rtol=0.0, atol=1e-12)
 # Two completions, three positions, the last of row 1 is padding (garbage there must not matter).
 # log ρ = log μ_trainer − log μ_engine: row 0: ln 3, ln 0.5, 0;  row 1: ln 1.5, ln 2.5, (masked)
 ENGINE = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, -0.25, -math.inf]], dtype=torch.float64)
-TRAINER = ENGINE + torch.tensor([[math.log(3), math.log(0.5), 0.0], [math.log(1.5), math.log(2.5), math.nan]],
-                                dtype=torch.float64)
+TRAINER = ENGINE + torch.tensor(
+    [[math.log(3), math.log(0.5), 0.0], [math.log(1.5), math.log(2.5), math.nan]], dtype=torch.float64
+)
 MASK = torch.tensor([[True, True, True], [True, True, False]])
 
 
@@ -26,8 +28,8 @@ def test_token_level_by_hand():
     factors, stats = truncated_is_factors(TRAINER, ENGINE, MASK, "token", cap=2.0)
     # min(ρ, 2): 2, 0.5, 1 | 1.5, 2, (1 on padding)
     torch.testing.assert_close(factors, torch.tensor([[2.0, 0.5, 1.0], [1.5, 2.0, 1.0]], dtype=torch.float64), **F64)
-    assert stats["ratio_mean"] == pytest.approx((3 + 0.5 + 1 + 1.5 + 2.5) / 5, abs=1e-12)   # 1.7
-    assert stats["trunc_frac"] == pytest.approx(2 / 5, abs=1e-12)                          # ρ = 3 and 2.5
+    assert stats["ratio_mean"] == pytest.approx((3 + 0.5 + 1 + 1.5 + 2.5) / 5, abs=1e-12)  # 1.7
+    assert stats["trunc_frac"] == pytest.approx(2 / 5, abs=1e-12)  # ρ = 3 and 2.5
 
 
 def test_sequence_level_by_hand():
@@ -62,7 +64,7 @@ def test_scale_gradient_keeps_values_and_scales_gradients():
     x = torch.tensor([[0.3, -1.2], [2.0, -0.7]], dtype=torch.float64, requires_grad=True)
     f = torch.tensor([[2.0, 0.5], [1.0, 0.0]], dtype=torch.float64)
     y = scale_gradient(x, f)
-    assert torch.equal(y.detach(), x.detach())                        # bit-identical values
+    assert torch.equal(y.detach(), x.detach())  # bit-identical values
     c = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64)
     (grad,) = torch.autograd.grad((y * c).sum(), x)
     torch.testing.assert_close(grad, f * c, **F64)
@@ -77,17 +79,23 @@ def test_composes_with_iw_grpg_as_documented(level):
     mask = torch.ones(B, T, dtype=torch.bool)
     mask[1, 3:] = mask[4, 2:] = False
     engine = -3 * torch.rand(B, T, generator=g, dtype=torch.float64)
-    trainer = engine + 0.4 * torch.randn(B, T, generator=g, dtype=torch.float64)     # log μ (recomputed)
+    trainer = engine + 0.4 * torch.randn(B, T, generator=g, dtype=torch.float64)  # log μ (recomputed)
     token_logp = (trainer + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)).requires_grad_()
     rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0], dtype=torch.float64)
     ids = torch.tensor([0, 0, 0, 1, 1, 1])
 
     factors, _ = truncated_is_factors(trainer, engine, mask, level, cap)
-    loss, stats = iw_grpg_loss(sequence_logprobs(scale_gradient(token_logp, factors), mask),
-                               sequence_logprobs(trainer, mask), rewards, ids, eta=eta)
+    loss, stats = iw_grpg_loss(
+        sequence_logprobs(scale_gradient(token_logp, factors), mask),
+        sequence_logprobs(trainer, mask),
+        rewards,
+        ids,
+        eta=eta,
+    )
     (grad,) = torch.autograd.grad(loss, token_logp)
-    plain, plain_stats = iw_grpg_loss(sequence_logprobs(token_logp, mask), sequence_logprobs(trainer, mask),
-                                      rewards, ids, eta=eta)
+    plain, plain_stats = iw_grpg_loss(
+        sequence_logprobs(token_logp, mask), sequence_logprobs(trainer, mask), rewards, ids, eta=eta
+    )
     assert loss.item() == pytest.approx(plain.item(), abs=1e-12) and stats == plain_stats
 
     # independent numpy computation
@@ -100,7 +108,7 @@ def test_composes_with_iw_grpg_as_documented(level):
     f = np.minimum(np.exp(log_rho), cap) if level == "token" else np.minimum(np.exp(log_rho.sum(1)), cap)[:, None]
     want = np.where(m, -(w_bar * adv)[:, None] * f / B, 0)
     torch.testing.assert_close(grad, torch.from_numpy(want), **F64)
-    assert np.any((f < cap) & (f != 1)) and np.any(np.broadcast_to(f, m.shape)[m] == cap)   # both regimes occur
+    assert np.any((f < cap) & (f != 1)) and np.any(np.broadcast_to(f, m.shape)[m] == cap)  # both regimes occur
 
 
 def test_composes_with_dapo_per_token():
@@ -111,7 +119,7 @@ def test_composes_with_dapo_per_token():
     logp_old = -2 * torch.rand(B, T, generator=g, dtype=torch.float64)
     engine = logp_old + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64)
     adv = torch.tensor([1.0, -0.5, 0.7, -1.0], dtype=torch.float64)
-    base = (logp_old + 0.05 * torch.randn(B, T, generator=g, dtype=torch.float64))
+    base = logp_old + 0.05 * torch.randn(B, T, generator=g, dtype=torch.float64)
     factors, _ = truncated_is_factors(logp_old, engine, mask, "token", cap=2.0)
     grads = []
     for f in (None, factors):

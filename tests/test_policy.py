@@ -16,12 +16,19 @@ def make_rollouts(tokenizer, n_groups=3, group_size=4, seed=0):
     prompts = encode(tokenizer, ["What is 2 + 3?", "Hi", "A much longer prompt than the others."])
     out = []
     for k in range(n_groups):
-        for j in range(group_size):
+        for _ in range(group_size):
             length = int(torch.randint(1, 9, (), generator=g))
             comp = torch.randint(3, len(tokenizer), (length,), generator=g).tolist()
-            out.append(Rollout(prompt_ids=prompts[k % len(prompts)], completion_ids=comp,
-                               logp_mu=(-torch.rand(length, generator=g) * 3).tolist(),
-                               reward=float(torch.randint(0, 2, (), generator=g)), group_id=10 + k, truncated=False))
+            out.append(
+                Rollout(
+                    prompt_ids=prompts[k % len(prompts)],
+                    completion_ids=comp,
+                    logp_mu=(-torch.rand(length, generator=g) * 3).tolist(),
+                    reward=float(torch.randint(0, 2, (), generator=g)),
+                    group_id=10 + k,
+                    truncated=False,
+                )
+            )
     return out
 
 
@@ -63,8 +70,15 @@ def test_micro_batches_and_shared_prompts_equal_full_minibatch():
     grads, stats = [], []
     for micro, share in ((16, True), (4, True), (8, True), (16, False), (4, False)):
         m = copy.deepcopy(model)
-        s = accumulate_gradients(CompletionLogprobs(m, 1.0, share), records, loss_fn, micro_batch=micro,
-                                 pad_id=tok.pad_token_id, device=torch.device("cpu"), compute_dtype=torch.float32)
+        s = accumulate_gradients(
+            CompletionLogprobs(m, 1.0, share),
+            records,
+            loss_fn,
+            micro_batch=micro,
+            pad_id=tok.pad_token_id,
+            device=torch.device("cpu"),
+            compute_dtype=torch.float32,
+        )
         grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
         stats.append(s)
     assert grads[0].abs().max() > 0
@@ -72,21 +86,30 @@ def test_micro_batches_and_shared_prompts_equal_full_minibatch():
         torch.testing.assert_close(g, grads[0], atol=2e-6, rtol=1e-4)
         for key in ("loss", "clip_frac", "staleness", "iw_mean", "iw_max"):
             assert s[key] == pytest.approx(stats[0][key], rel=1e-5, abs=1e-7), key
-    assert 0 < stats[0]["clip_frac"] < 1     # some weights above eta, not all
+    assert 0 < stats[0]["clip_frac"] < 1  # some weights above eta, not all
 
 
 def test_gradient_checkpointing_gives_the_same_gradient():
     model, tok = tiny_model()
     records = make_rollouts(tok, n_groups=2)
-    loss_fn = lambda token_logp, batch, normalizer, n_tokens: ((token_logp.sum(-1) * batch.rewards).sum() / normalizer, {})
+    loss_fn = lambda token_logp, batch, normalizer, n_tokens: (
+        (token_logp.sum(-1) * batch.rewards).sum() / normalizer,
+        {},
+    )
     grads = []
     for checkpointing in (False, True):
         m = copy.deepcopy(model).train()
         if checkpointing:
             m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        accumulate_gradients(CompletionLogprobs(m, 1.0, share_prompt=not checkpointing), records, loss_fn,
-                             micro_batch=4, pad_id=tok.pad_token_id, device=torch.device("cpu"),
-                             compute_dtype=torch.float32)
+        accumulate_gradients(
+            CompletionLogprobs(m, 1.0, share_prompt=not checkpointing),
+            records,
+            loss_fn,
+            micro_batch=4,
+            pad_id=tok.pad_token_id,
+            device=torch.device("cpu"),
+            compute_dtype=torch.float32,
+        )
         grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
     assert grads[0].abs().max() > 0
     torch.testing.assert_close(grads[1], grads[0], atol=2e-6, rtol=1e-4)
@@ -101,8 +124,8 @@ def test_recompute_runs_in_the_micro_batches_of_the_first_pass():
     engine = [list(r.logp_mu) for r in records]
     buffer = ReplayBuffer()
     buffer.add(records)
-    minibatches = buffer.minibatches(8, torch.Generator().manual_seed(3))     # 2 minibatches of 2 groups
-    assert [r.group_id for r in minibatches[0]] != [r.group_id for r in records[:8]]   # a shuffled order
+    minibatches = buffer.minibatches(8, torch.Generator().manual_seed(3))  # 2 minibatches of 2 groups
+    assert [r.group_id for r in minibatches[0]] != [r.group_id for r in records[:8]]  # a shuffled order
 
     seen = {"recompute": [], "train": []}
 
@@ -114,19 +137,23 @@ def test_recompute_runs_in_the_micro_batches_of_the_first_pass():
             return super().forward(prompt_ids, prompt_mask, completion_ids, completion_mask)
 
     policy = Spy(model, 1.0)
-    recompute_behavior_logprobs(policy, minibatches, micro_batch=8, pad_id=tok.pad_token_id, device=CPU,
-                                compute_dtype=torch.bfloat16)
+    recompute_behavior_logprobs(
+        policy, minibatches, micro_batch=8, pad_id=tok.pad_token_id, device=CPU, compute_dtype=torch.bfloat16
+    )
     policy.phase = "train"
     logp = []
     for mb in minibatches:
+
         def loss_fn(token_logp, batch, n_records, n_tokens):
             logp.append((token_logp.detach().float(), batch.logp_mu))
             return token_logp.sum() * 0.0, {}
-        accumulate_gradients(policy, mb, loss_fn, micro_batch=8, pad_id=tok.pad_token_id, device=CPU,
-                             compute_dtype=torch.bfloat16)
+
+        accumulate_gradients(
+            policy, mb, loss_fn, micro_batch=8, pad_id=tok.pad_token_id, device=CPU, compute_dtype=torch.bfloat16
+        )
     assert len(seen["recompute"]) == len(seen["train"]) == 2
     for a, b in zip(seen["recompute"], seen["train"]):
         assert torch.equal(a, b)
-    for pi, mu in logp:                              # θ = μ: the first pass sees w = 1 exactly
+    for pi, mu in logp:  # θ = μ: the first pass sees w = 1 exactly
         assert torch.equal(pi, mu)
     assert all(r.logp_engine == e for r, e in zip(records, engine))

@@ -1,4 +1,5 @@
 """PhaseClock: times add up per phase, and the peak memory of a phase is that phase's own."""
+
 from __future__ import annotations
 
 import time

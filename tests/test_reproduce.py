@@ -5,6 +5,7 @@ among them is expanded into its runs by Hydra's own sweeper, and each run's conf
 conf/ with those overrides, resolved, and validated as `rapid.train` would at start-up. The paper-scale
 targets name Hub models and need GPUs to run, not to compose.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,13 @@ from rapid.config import register_resolvers, validate
 from tests.test_train import REPO
 
 PAPER = ("reproduce-table1", "reproduce-table2", "reproduce-table3", "reproduce-table4")
-CPU = ("reproduce-table1-cpu", "reproduce-table2-cpu", "reproduce-table3-cpu", "reproduce-table4-cpu",
-       "reproduce-ablations-cpu")
+CPU = (
+    "reproduce-table1-cpu",
+    "reproduce-table2-cpu",
+    "reproduce-table3-cpu",
+    "reproduce-table4-cpu",
+    "reproduce-ablations-cpu",
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make to print the targets' commands")
 
@@ -39,8 +45,13 @@ def sweeps(target: str, tmp_path) -> list[list[str]]:
     stub = venv / "bin" / "python"
     stub.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\"\n")
     stub.chmod(0o755)
-    proc = subprocess.run(["make", "-n", "--no-print-directory", target, f"VENV={venv}"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["make", "-n", "--no-print-directory", target, f"VENV={venv}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     out = []
     for line in proc.stdout.splitlines():
@@ -64,8 +75,8 @@ def compose_all(target: str, tmp_path) -> list:
         for overrides in sweeps(target, tmp_path):
             for run in expand(overrides):
                 cfg = compose("config", overrides=run)
-                OmegaConf.to_container(cfg, resolve=True)          # every interpolation resolves
-                if cfg.algorithm.loss != "sft":                    # algorithm=sft skips the RL checks
+                OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+                if cfg.algorithm.loss != "sft":  # algorithm=sft skips the RL checks
                     validate(cfg, world=1)
                 configs.append((run, cfg))
     return configs
@@ -77,9 +88,9 @@ def by(configs, **want):
 
 def test_table1_composes_every_method_benchmark_and_seed(tmp_path):
     configs = compose_all("reproduce-table1", tmp_path)
-    assert len(configs) == 3 * (4 + 1) * 3                           # benchmarks x (RL methods + SFT) x seeds
+    assert len(configs) == 3 * (4 + 1) * 3  # benchmarks x (RL methods + SFT) x seeds
     assert {c.task.name for _, c in configs} == {"mbpp_plus", "math", "minif2f"}
-    for name, h in (("rapid", 8), ("pg", 1), ("grpo", 1), ("dapo", 1)):   # H stays the algorithm's own
+    for name, h in (("rapid", 8), ("pg", 1), ("grpo", 1), ("dapo", 1)):  # H stays the algorithm's own
         assert {c.algorithm.H for c in by(configs, **{"algorithm.name": name})} == {h}
     sft = by(configs, **{"algorithm.name": "sft"})
     assert len(sft) == 9 and {c.algorithm.distill.teacher for c in sft} == {"qwen2.5_1.5b"}
@@ -106,21 +117,26 @@ def test_cpu_targets_compose_on_the_offline_model(target, tmp_path):
     configs = compose_all(target, tmp_path)
     assert configs and {c.seed for _, c in configs} == {0, 1, 2}
     for _, c in configs:
-        assert c.model.gguf is not None and c.task.name == "multistep" and c.rounds is None   # offline, by epochs
+        assert c.model.gguf is not None and c.task.name == "multistep" and c.rounds is None  # offline, by epochs
         a = c.algorithm
         # rapid.train sets rounds = ceil(epochs * n_train / prompts per round): 512 samples at every H
         rounds = math.ceil(c.epochs * c.task.n_train / (a.n_inference // a.n_group))
         assert rounds * a.n_inference == 512
-        assert c.eval.every == max(1, 128 // a.n_inference)           # an evaluation every 128 samples
+        assert c.eval.every == max(1, 128 // a.n_inference)  # an evaluation every 128 samples
 
 
 def test_ablations_cpu_covers_each_switch_once(tmp_path):
     configs = compose_all("reproduce-ablations-cpu", tmp_path)
-    key = lambda c: (c.algorithm.name, c.algorithm.eta, c.algorithm.leave_one_out, c.algorithm.iw_baseline,
-                     c.algorithm.iw_gradient)
+    key = lambda c: (
+        c.algorithm.name,
+        c.algorithm.eta,
+        c.algorithm.leave_one_out,
+        c.algorithm.iw_baseline,
+        c.algorithm.iw_gradient,
+    )
     variants = {key(c) for _, c in configs}
-    assert len(variants) == len(configs) // 3 == 10                  # no configuration runs twice
-    assert ("rapid", 2.0, False, False, False) in variants           # uncorrected off-policy GRPG
+    assert len(variants) == len(configs) // 3 == 10  # no configuration runs twice
+    assert ("rapid", 2.0, False, False, False) in variants  # uncorrected off-policy GRPG
     assert ("rapid", None, False, True, True) in variants and ("rapid", 2.0, True, True, True) in variants
     assert ("grpo_multistep", 2.0, False, True, True) in variants
     assert {c.algorithm.H for c in by(configs, **{"algorithm.name": "grpo_multistep"})} == {8}
@@ -129,4 +145,4 @@ def test_ablations_cpu_covers_each_switch_once(tmp_path):
 def test_div_resolver_is_floor_division_at_least_one():
     register_resolvers()
     cfg = OmegaConf.create({"n": 32, "a": "${div:128,${n}}", "b": "${div:100,32}", "c": "${div:128,256}"})
-    assert (cfg.a, cfg.b, cfg.c) == (4, 3, 1)          # 128 // 32; 100 // 32; 128 // 256 = 0 -> every round
+    assert (cfg.a, cfg.b, cfg.c) == (4, 3, 1)  # 128 // 32; 100 // 32; 128 // 256 = 0 -> every round

@@ -18,7 +18,7 @@ def test_generate_shapes_finish_reasons_and_logprobs_match_trainer():
     assert [len(g) for g in out] == [4, 4, 4]
     eos = tok.eos_token_id
     reasons = set()
-    for p, group in zip(prompts, out):
+    for group in out:
         for c in group:
             assert len(c.logprobs) == len(c.token_ids) > 0
             assert all(lp <= 0 for lp in c.logprobs)
@@ -29,7 +29,9 @@ def test_generate_shapes_finish_reasons_and_logprobs_match_trainer():
                 assert len(c.token_ids) == 40 and eos not in c.token_ids
             assert c.text == tok.decode(c.token_ids, skip_special_tokens=True)
     # the trainer's log-probs of the same tokens equal the sampler's (fp32)
-    records = [Rollout(p, c.token_ids, c.logprobs, 0.0, i, False) for i, (p, g) in enumerate(zip(prompts, out)) for c in g]
+    records = [
+        Rollout(p, c.token_ids, c.logprobs, 0.0, i, False) for i, (p, g) in enumerate(zip(prompts, out)) for c in g
+    ]
     batch = collate(records, tok.pad_token_id)
     with torch.no_grad():
         trainer = completion_logprobs(CompletionLogprobs(model, 1.0), batch)
@@ -42,11 +44,13 @@ def test_samples_depend_on_seed_not_on_batching():
     prompts = encode(tok, PROMPTS)
     a = HFSampler(model, tok, batch_size=1).generate(prompts, n=3, max_new_tokens=10, temperature=1.0, seeds=[7, 8, 9])
     b = HFSampler(model, tok, batch_size=64).generate(prompts, n=3, max_new_tokens=10, temperature=1.0, seeds=[7, 8, 9])
-    c = HFSampler(model, tok, batch_size=64).generate(prompts, n=3, max_new_tokens=10, temperature=1.0, seeds=[7, 8, 10])
+    c = HFSampler(model, tok, batch_size=64).generate(
+        prompts, n=3, max_new_tokens=10, temperature=1.0, seeds=[7, 8, 10]
+    )
     ids = lambda out: [[x.token_ids for x in g] for g in out]
     assert ids(a) == ids(b)
     assert ids(a)[:2] == ids(c)[:2] and ids(a)[2] != ids(c)[2]
-    assert len({tuple(x) for x in ids(a)[0]}) > 1        # the n samples of a prompt differ
+    assert len({tuple(x) for x in ids(a)[0]}) > 1  # the n samples of a prompt differ
 
 
 def test_first_token_distribution_is_softmax_at_temperature():
@@ -88,13 +92,14 @@ def test_top_p_samples_only_from_the_nucleus():
     with torch.no_grad():
         probs = torch.softmax(model(input_ids=torch.tensor([prompt])).logits[0, -1].double() / T, -1)
     sorted_p, order = probs.sort(descending=True)
-    top_p = float(sorted_p[:3].sum()) - 1e-4                            # a nucleus of exactly 3 tokens
-    size = int((sorted_p.cumsum(0) - sorted_p < top_p).sum())          # tokens needed to reach top_p
+    top_p = float(sorted_p[:3].sum()) - 1e-4  # a nucleus of exactly 3 tokens
+    size = int((sorted_p.cumsum(0) - sorted_p < top_p).sum())  # tokens needed to reach top_p
     assert size == 3
     nucleus = set(order[:size].tolist())
     mass = float(sorted_p[:size].sum())
-    out = HFSampler(model, tok, batch_size=500).generate([prompt], n=500, max_new_tokens=1, temperature=T,
-                                                         seeds=[3], top_p=top_p)[0]
+    out = HFSampler(model, tok, batch_size=500).generate(
+        [prompt], n=500, max_new_tokens=1, temperature=T, seeds=[3], top_p=top_p
+    )[0]
     firsts = [c.token_ids[0] for c in out]
     assert set(firsts) <= nucleus and len(set(firsts)) > 1
     for c in out[:20]:
@@ -106,11 +111,16 @@ def test_checkpoint_generation_config_does_not_change_the_sampled_distribution()
     sampler must draw from exactly softmax(logits / T) and record its log-probs, ignoring all of it:
     otherwise log μ is the processed distribution while log π_θ is not."""
     model, tok = tiny_model()
-    model.generation_config.update(do_sample=True, temperature=0.6, repetition_penalty=1.3, top_k=5, top_p=0.5,
-                                   no_repeat_ngram_size=2)
+    model.generation_config.update(
+        do_sample=True, temperature=0.6, repetition_penalty=1.3, top_k=5, top_p=0.5, no_repeat_ngram_size=2
+    )
     prompts = encode(tok, PROMPTS)
-    out = HFSampler(model, tok, batch_size=16).generate(prompts, n=4, max_new_tokens=30, temperature=1.0, seeds=[1, 2, 3])
-    records = [Rollout(p, c.token_ids, c.logprobs, 0.0, i, False) for i, (p, g) in enumerate(zip(prompts, out)) for c in g]
+    out = HFSampler(model, tok, batch_size=16).generate(
+        prompts, n=4, max_new_tokens=30, temperature=1.0, seeds=[1, 2, 3]
+    )
+    records = [
+        Rollout(p, c.token_ids, c.logprobs, 0.0, i, False) for i, (p, g) in enumerate(zip(prompts, out)) for c in g
+    ]
     batch = collate(records, tok.pad_token_id)
     with torch.no_grad():
         trainer = completion_logprobs(CompletionLogprobs(model, 1.0), batch)
@@ -120,6 +130,8 @@ def test_checkpoint_generation_config_does_not_change_the_sampled_distribution()
     ranks = []
     with torch.no_grad():
         for r in records:
-            logits = model(input_ids=torch.tensor([r.prompt_ids + r.completion_ids])).logits[0, len(r.prompt_ids) - 1:-1]
+            logits = model(input_ids=torch.tensor([r.prompt_ids + r.completion_ids])).logits[
+                0, len(r.prompt_ids) - 1 : -1
+            ]
             ranks += (logits > logits.gather(-1, torch.tensor(r.completion_ids)[:, None])).sum(-1).tolist()
     assert max(ranks) >= 5, max(ranks)

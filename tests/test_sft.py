@@ -6,6 +6,7 @@ A random model never writes a right `\\boxed{}` answer, so the end-to-end runs g
 that swaps the arithmetic reward for "1 if the completion contains a digit" (as tests/test_train.py's
 SHAPED_LAUNCHER does): about half of the teacher's completions are accepted, half rejected.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,7 @@ from tests.helpers import encode, tiny_model
 from tests.test_train import REPO, TIMEOUT_S, assert_one_sentence_error, env_for, read_rows
 
 # `python LAUNCHER <module> <overrides>` is `python -m <module> <overrides>` with a reward a random model earns.
-SHAPED_LAUNCHER = '''\
+SHAPED_LAUNCHER = """\
 import runpy, sys
 import rapid.tasks.arithmetic as arithmetic
 
@@ -38,7 +39,7 @@ def contains_digit(completion, record):
 
 arithmetic.reward = contains_digit   # distill scores through the task module
 runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)
-'''
+"""
 SMOKE = ["+experiment=smoke_sft", "sampler=hf", "device=cpu", "distill.n_prompts=24", "distill.chunk=8"]
 
 
@@ -49,8 +50,15 @@ def contains_digit(completion: str, record: dict) -> float:
 def launch(module: str, args: list[str], tmp: Path, check: bool = True) -> subprocess.CompletedProcess:
     launcher = tmp / "shaped_launcher.py"
     launcher.write_text(SHAPED_LAUNCHER)
-    proc = subprocess.run([sys.executable, str(launcher), module, *args], cwd=REPO, env=env_for(tmp), text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, str(launcher), module, *args],
+        cwd=REPO,
+        env=env_for(tmp),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=TIMEOUT_S,
+    )
     if check and proc.returncode != 0:
         pytest.fail(f"{module} {' '.join(args)} exited with {proc.returncode}:\n{proc.stdout[-6000:]}")
     return proc
@@ -58,25 +66,26 @@ def launch(module: str, args: list[str], tmp: Path, check: bool = True) -> subpr
 
 # ----------------------------------------------------------------------------- the loss
 
+
 def two_records():
     """The tiny model, and two records of different prompt and completion lengths, collated."""
     model, tokenizer = tiny_model()
     prompts = encode(tokenizer, ["What is 2 + 3?", "Hi"])
     completions = encode(tokenizer, ["\\boxed{5}", "ok!"])
-    records = [Rollout(prompt_ids=p, completion_ids=c, logp_mu=[0.0] * len(c), reward=1.0, group_id=k, truncated=False)
-               for k, (p, c) in enumerate(zip(prompts, completions))]
+    records = [
+        Rollout(prompt_ids=p, completion_ids=c, logp_mu=[0.0] * len(c), reward=1.0, group_id=k, truncated=False)
+        for k, (p, c) in enumerate(zip(prompts, completions))
+    ]
     return model, tokenizer, prompts, completions, collate(records, tokenizer.pad_token_id)
 
 
 def test_sft_loss_is_mean_nll_of_masked_tokens():
-    token_logp = torch.tensor([[-1.0, -2.0, -9.0],
-                               [-0.5, -7.0, -3.0]], requires_grad=True)
-    mask = torch.tensor([[True, True, False],
-                         [True, False, False]])
+    token_logp = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -7.0, -3.0]], requires_grad=True)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
     loss, _ = sft_loss(token_logp, mask)
-    assert loss.item() == pytest.approx((1.0 + 2.0 + 0.5) / 3)          # 3 completion tokens
+    assert loss.item() == pytest.approx((1.0 + 2.0 + 0.5) / 3)  # 3 completion tokens
     loss.backward()
-    torch.testing.assert_close(token_logp.grad, -mask.float() / 3)       # padding gets no gradient
+    torch.testing.assert_close(token_logp.grad, -mask.float() / 3)  # padding gets no gradient
     garbage = token_logp.detach().masked_fill(~mask, -123.0)
     assert sft_loss(garbage, mask)[0].item() == pytest.approx(3.5 / 3)
     # a micro-batch divides by the whole minibatch's token count
@@ -91,10 +100,11 @@ def test_sft_loss_counts_completion_tokens_only(share_prompt):
     it differs from the cross-entropy that also counts prompt tokens."""
     model, tokenizer, prompts, completions, batch = two_records()
     policy = CompletionLogprobs(model, temperature=1.0, share_prompt=share_prompt)
-    loss, _ = sft_loss(policy(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask),
-                       batch.completion_mask)
+    loss, _ = sft_loss(
+        policy(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask), batch.completion_mask
+    )
 
-    n_tokens = sum(len(c) for c in completions)            # 9 + 3
+    n_tokens = sum(len(c) for c in completions)  # 9 + 3
     by_hand, hf_completion_only, hf_all_tokens = 0.0, 0.0, 0.0
     with torch.no_grad():
         for p, c in zip(prompts, completions):
@@ -103,7 +113,7 @@ def test_sft_loss_counts_completion_tokens_only(share_prompt):
             # position t predicts token t + 1: the completion tokens are predicted from P - 1 .. P + C - 2
             by_hand -= sum(logp[len(p) - 1 + t, tok].item() for t, tok in enumerate(c))
             labels = ids.clone()
-            labels[0, :len(p)] = -100
+            labels[0, : len(p)] = -100
             hf_completion_only += model(input_ids=ids, labels=labels).loss.item() * len(c)
             hf_all_tokens += model(input_ids=ids, labels=ids).loss.item() * (len(p) + len(c) - 1)
     assert loss.item() == pytest.approx(by_hand / n_tokens, abs=1e-5)
@@ -119,14 +129,15 @@ def test_prompt_positions_get_no_gradient():
     model, tokenizer, prompts, completions, batch = two_records()
     hidden = {}
     model.model.norm.register_forward_hook(lambda module, args, out: hidden.setdefault("h", out).retain_grad())
-    policy = CompletionLogprobs(model, temperature=1.0, share_prompt=False)   # one forward over [prompt | completion]
-    loss, _ = sft_loss(policy(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask),
-                       batch.completion_mask)
+    policy = CompletionLogprobs(model, temperature=1.0, share_prompt=False)  # one forward over [prompt | completion]
+    loss, _ = sft_loss(
+        policy(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask), batch.completion_mask
+    )
     loss.backward()
-    grad_norm = hidden["h"].grad.norm(dim=-1)                # [B, P + C]
+    grad_norm = hidden["h"].grad.norm(dim=-1)  # [B, P + C]
     P = batch.prompt_ids.shape[1]
     for row, c in enumerate(completions):
-        predicting = set(range(P - 1, P + len(c) - 1))       # positions whose logits predict a completion token
+        predicting = set(range(P - 1, P + len(c) - 1))  # positions whose logits predict a completion token
         for pos in range(grad_norm.shape[1]):
             assert (grad_norm[row, pos] > 0) == (pos in predicting), (row, pos)
 
@@ -136,11 +147,23 @@ def test_load_examples_keeps_teacher_ids_or_reencodes(tmp_path):
     records = arithmetic.load("train", low=0, high=3, n_eval=4)
     prompts = arithmetic.build_prompts(records, tokenizer, n_shots=0, low=0, high=3, n_eval=4)
     text = "\\boxed{3}"
-    teacher_ids = [7, 8, 9]                              # whatever the teacher's tokenizer made of it
-    rows = [{"record": {"index": 2, "id": records[2]["question"]}, "prompt_ids": prompts[2],
-             "completion_ids": teacher_ids, "text": text, "finish_reason": "stop"},
-            {"record": {"index": 5, "id": records[5]["question"]}, "prompt_ids": [1, 2, 3],   # another prompt format
-             "completion_ids": teacher_ids, "text": text, "finish_reason": "stop"}]
+    teacher_ids = [7, 8, 9]  # whatever the teacher's tokenizer made of it
+    rows = [
+        {
+            "record": {"index": 2, "id": records[2]["question"]},
+            "prompt_ids": prompts[2],
+            "completion_ids": teacher_ids,
+            "text": text,
+            "finish_reason": "stop",
+        },
+        {
+            "record": {"index": 5, "id": records[5]["question"]},
+            "prompt_ids": [1, 2, 3],  # another prompt format
+            "completion_ids": teacher_ids,
+            "text": text,
+            "finish_reason": "stop",
+        },
+    ]
     path = tmp_path / "distill.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     examples, reencoded = load_examples(path, records, prompts, tokenizer, "arithmetic")
@@ -148,15 +171,16 @@ def test_load_examples_keeps_teacher_ids_or_reencodes(tmp_path):
     assert examples[0].prompt_ids == prompts[2] and examples[0].completion_ids == teacher_ids
     assert examples[1].prompt_ids == prompts[5]
     assert examples[1].completion_ids == encode(tokenizer, [text])[0] + [tokenizer.eos_token_id]
-    assert [e.group_id for e in examples] == [1, 2]      # one group per completion
+    assert [e.group_id for e in examples] == [1, 2]  # one group per completion
 
-    rows[0]["record"]["index"] = 3                       # names a problem that is not there
+    rows[0]["record"]["index"] = 3  # names a problem that is not there
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(ConfigError, match="task settings of the distill run"):
         load_examples(path, records, prompts, tokenizer, "arithmetic")
 
 
 # ----------------------------------------------------------------------------- end to end
+
 
 @pytest.mark.slow
 def test_distill_then_sft_end_to_end(tmp_path):
@@ -170,10 +194,16 @@ def test_distill_then_sft_end_to_end(tmp_path):
     records = arithmetic.load("train", **t)[:24]
     prompts = arithmetic.build_prompts(records, tokenizer, **t)
     groups = HFSampler(model.eval(), tokenizer).generate(
-        prompts, n=5, max_new_tokens=t["max_new_tokens"], temperature=0.7, top_p=cfg["distill"]["top_p"],
-        seeds=[derive_seed(cfg["seed"], DISTILL_SAMPLE_STREAM, i) for i in range(len(prompts))])
-    accepted = [(i, c.token_ids) for i, group in enumerate(groups) for c in group
-                if contains_digit(c.text, records[i]) == 1.0]
+        prompts,
+        n=5,
+        max_new_tokens=t["max_new_tokens"],
+        temperature=0.7,
+        top_p=cfg["distill"]["top_p"],
+        seeds=[derive_seed(cfg["seed"], DISTILL_SAMPLE_STREAM, i) for i in range(len(prompts))],
+    )
+    accepted = [
+        (i, c.token_ids) for i, group in enumerate(groups) for c in group if contains_digit(c.text, records[i]) == 1.0
+    ]
     rows = [json.loads(line) for line in (teacher_dir / "distill.jsonl").read_text().splitlines()]
     assert [(r["record"]["index"], r["completion_ids"]) for r in rows] == accepted
     for r in rows:
@@ -184,17 +214,20 @@ def test_distill_then_sft_end_to_end(tmp_path):
 
     summary = json.loads((teacher_dir / "distill_summary.json").read_text())
     assert summary["prompts"] == 24 and summary["generated"] == 24 * 5
-    assert summary["kept"] == len(rows) and 0 < len(rows) < 24 * 5       # some accepted, some rejected
+    assert summary["kept"] == len(rows) and 0 < len(rows) < 24 * 5  # some accepted, some rejected
     assert summary["acceptance_rate"] == pytest.approx(len(rows) / 120)
     assert summary["prompts_with_kept"] == len({r["record"]["index"] for r in rows})
     assert summary["reward_failures"] == 0 and summary["teacher"] == "tiny-llama"
 
-    launch("rapid.sft", [*SMOKE, f"distill.data={teacher_dir}", "sft.lr=1e-3", "seed=1",
-                         f"hydra.run.dir={student_dir}"], tmp_path)
+    launch(
+        "rapid.sft",
+        [*SMOKE, f"distill.data={teacher_dir}", "sft.lr=1e-3", "seed=1", f"hydra.run.dir={student_dir}"],
+        tmp_path,
+    )
     metrics = read_rows(student_dir)
     trains = [r for r in metrics if "train/loss" in r]
     evals = [r for r in metrics if "eval/accuracy" in r]
-    steps_per_epoch = -(-len(rows) // 8)                                  # sft.batch_size = 8
+    steps_per_epoch = -(-len(rows) // 8)  # sft.batch_size = 8
     assert [r["epoch"] for r in trains] == [1.0, 2.0, 3.0]
     assert [r["step"] for r in trains] == [steps_per_epoch * e for e in (1, 2, 3)]
     assert all(r["train/tokens"] == sum(len(x["completion_ids"]) for x in rows) for r in trains)
@@ -223,15 +256,26 @@ def test_algorithm_sft_runs_the_pair_through_train(tmp_path):
     """`python -m rapid.train +experiment=smoke algorithm=sft` runs rapid.distill then rapid.sft in one run
     with the experiment's task, model and seed, and the algorithm's distill/sft overrides."""
     run = tmp_path / "run"
-    launch("rapid.train", ["+experiment=smoke", "algorithm=sft", "sampler=hf", "device=cpu",
-                           "algorithm.distill.n_prompts=24", "algorithm.distill.chunk=8", "algorithm.sft.epochs=2",
-                           f"hydra.run.dir={run}"], tmp_path)
+    launch(
+        "rapid.train",
+        [
+            "+experiment=smoke",
+            "algorithm=sft",
+            "sampler=hf",
+            "device=cpu",
+            "algorithm.distill.n_prompts=24",
+            "algorithm.distill.chunk=8",
+            "algorithm.sft.epochs=2",
+            f"hydra.run.dir={run}",
+        ],
+        tmp_path,
+    )
     rows = [json.loads(line) for line in (run / "distill" / "distill.jsonl").read_text().splitlines()]
     distilled = json.loads((run / "distill" / "distill_summary.json").read_text())
     assert distilled["prompts"] == 24 and distilled["generated"] == 120 and distilled["kept"] == len(rows) > 0
     assert all(contains_digit(r["text"], None) == 1.0 for r in rows)
     pair = yaml.safe_load((run / "sft" / "config.yaml").read_text())
-    assert pair["task"]["max_new_tokens"] == 8 and pair["model"]["name"] == "tiny-llama"     # from +experiment=smoke
+    assert pair["task"]["max_new_tokens"] == 8 and pair["model"]["name"] == "tiny-llama"  # from +experiment=smoke
     assert pair["sft"]["epochs"] == 2 and pair["sft"]["lr"] == 2e-5 and pair["distill"]["n_samples"] == 5
     assert pair["distill"]["data"] == str(run / "distill" / "distill.jsonl")
     trains = [r for r in read_rows(run / "sft") if "train/loss" in r]
@@ -239,10 +283,23 @@ def test_algorithm_sft_runs_the_pair_through_train(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["algorithm"] == "sft" and summary["examples"] == len(rows) and summary["epochs"] == 2
     assert summary["distill"]["kept"] == len(rows)
-    assert summary["eval/accuracy_after"] == json.loads((run / "sft" / "summary.json").read_text())["eval/accuracy_after"]
+    assert (
+        summary["eval/accuracy_after"] == json.loads((run / "sft" / "summary.json").read_text())["eval/accuracy_after"]
+    )
 
 
 def test_algorithm_sft_rejects_an_unknown_key(tmp_path):
-    proc = launch("rapid.train", ["+experiment=smoke", "algorithm=sft", "sampler=hf", "device=cpu",
-                                  "algorithm.sft.epoch=2", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, check=False)
+    proc = launch(
+        "rapid.train",
+        [
+            "+experiment=smoke",
+            "algorithm=sft",
+            "sampler=hf",
+            "device=cpu",
+            "algorithm.sft.epoch=2",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        tmp_path,
+        check=False,
+    )
     assert proc.returncode != 0 and "algorithm.sft.epoch" in proc.stdout and "Traceback" not in proc.stdout

@@ -1,5 +1,6 @@
 """tools/stats.py: the t-distribution p-value against closed forms, Pearson's r and the bootstrap by hand,
 and the whole report on synthetic run directories whose numbers are checked by hand."""
+
 from __future__ import annotations
 
 import csv
@@ -25,15 +26,18 @@ def t3_two_sided(t: float) -> float:
     return 1 - 2 / math.pi * (math.atan(u) + u / (1 + u * u))
 
 
-@pytest.mark.parametrize("t, df, want", [
-    (1.0, 1, 0.5),                                   # Cauchy: P(|T| > 1) = 1/2
-    (2.0, 2, 1 - 2 / math.sqrt(6)),                  # df 2: P(|T| > t) = 1 − t/√(2 + t²)
-    (0.0, 7, 1.0),
-    (2.3094, 3, t3_two_sided(2.3094)),
-    (10.0, 3, t3_two_sided(10.0)),                   # a small p: 0.0021
-    (2.228139, 10, 0.05),                            # the textbook critical value of df 10
-    (1.959964, 10 ** 7, math.erfc(1.959964 / math.sqrt(2))),   # large df: the normal distribution
-])
+@pytest.mark.parametrize(
+    "t, df, want",
+    [
+        (1.0, 1, 0.5),  # Cauchy: P(|T| > 1) = 1/2
+        (2.0, 2, 1 - 2 / math.sqrt(6)),  # df 2: P(|T| > t) = 1 − t/√(2 + t²)
+        (0.0, 7, 1.0),
+        (2.3094, 3, t3_two_sided(2.3094)),
+        (10.0, 3, t3_two_sided(10.0)),  # a small p: 0.0021
+        (2.228139, 10, 0.05),  # the textbook critical value of df 10
+        (1.959964, 10**7, math.erfc(1.959964 / math.sqrt(2))),  # large df: the normal distribution
+    ],
+)
 def test_t_two_sided_p_known_values(t, df, want):
     assert stats.t_two_sided_p(t, df) == pytest.approx(want, rel=1e-5, abs=1e-9)
     assert stats.t_two_sided_p(-t, df) == pytest.approx(want, rel=1e-5, abs=1e-9)
@@ -46,10 +50,10 @@ def test_pearson_by_hand():
     r, p, n = stats.pearson([1, 2, 3, 4, 5], [2, 1, 4, 3, 5])
     assert (r, n) == (pytest.approx(0.8, abs=1e-12), 5)
     assert p == pytest.approx(0.104088, abs=1e-6)
-    r, p, n = stats.pearson([1, 2, 3, 4], [8, 6, 4, 2])           # exactly linear, decreasing
+    r, p, n = stats.pearson([1, 2, 3, 4], [8, 6, 4, 2])  # exactly linear, decreasing
     assert r == pytest.approx(-1.0) and p == 0.0
-    assert all(math.isnan(v) for v in stats.pearson([1, 1, 1], [1, 2, 3])[:2])   # constant H: undefined
-    assert math.isnan(stats.pearson([1, 2], [1, 2])[0])                          # two points: undefined
+    assert all(math.isnan(v) for v in stats.pearson([1, 1, 1], [1, 2, 3])[:2])  # constant H: undefined
+    assert math.isnan(stats.pearson([1, 2], [1, 2])[0])  # two points: undefined
 
 
 def test_bootstrap_and_describe_by_hand():
@@ -58,7 +62,7 @@ def test_bootstrap_and_describe_by_hand():
     assert stats.bootstrap_ci([0.0, 0.0, 1.0]) == (0.0, 1.0)
     # (0, 1, 1, 1, 1, 1, 1, 1, 1, 1): P(mean = 1) = 0.9^10 = 0.349 -> upper end 1; the lower end is inside
     lo, hi = stats.bootstrap_ci([0.0] + [1.0] * 9)
-    assert hi == 1.0 and 0.7 <= lo <= 0.8        # mean 0.9, sd of the mean 0.3 / √10 = 0.095 -> ≈ 0.7
+    assert hi == 1.0 and 0.7 <= lo <= 0.8  # mean 0.9, sd of the mean 0.3 / √10 = 0.095 -> ≈ 0.7
     d = stats.describe([1.0, 2.0, 3.0])
     assert (d["n"], d["mean"], d["std"]) == (3, 2.0, 1.0) and 1.0 <= d["ci_low"] < 2.0 < d["ci_high"] <= 3.0
     d = stats.describe([0.4])
@@ -67,14 +71,35 @@ def test_bootstrap_and_describe_by_hand():
 
 # ----------------------------------------------------------------------------- synthetic runs
 
-def write_run(path: Path, *, H: int, seed: int, accuracy: float, round_s: list[float], staleness: list[float],
-              rss: list[float], name: str = "rapid", loss: str = "iw_grpg", summary: bool = True) -> None:
+
+def write_run(
+    path: Path,
+    *,
+    H: int,
+    seed: int,
+    accuracy: float,
+    round_s: list[float],
+    staleness: list[float],
+    rss: list[float],
+    name: str = "rapid",
+    loss: str = "iw_grpg",
+    summary: bool = True,
+) -> None:
     path.mkdir(parents=True)
     (path / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "algorithm": {"name": name, "loss": loss, "H": H}}))
     rows = [{"round": 0, "eval/accuracy": 0.1}]
     for i, (t, s, m) in enumerate(zip(round_s, staleness, rss)):
-        rows.append({"round": i + 1, "time/round_s": t, "iw/staleness": s, "iw/log_w_mean": -s,
-                     "mem/generate_rss_mib": m - 100, "mem/train_rss_mib": m, "mem/peak_is_process": 0})
+        rows.append(
+            {
+                "round": i + 1,
+                "time/round_s": t,
+                "iw/staleness": s,
+                "iw/log_w_mean": -s,
+                "mem/generate_rss_mib": m - 100,
+                "mem/train_rss_mib": m,
+                "mem/peak_is_process": 0,
+            }
+        )
     rows.append({"round": len(round_s), "eval/accuracy": accuracy})
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if summary:
@@ -95,27 +120,43 @@ RUNS = {
 def test_multirun_folder_by_hand(tmp_path):
     sweep = tmp_path / "multirun" / "2026-11-24_10-00-00"
     for (h, seed), (acc, times, stale, rss) in RUNS.items():
-        write_run(sweep / f"algorithm.H={h},seed={seed}", H=h, seed=seed, accuracy=acc, round_s=times,
-                  staleness=stale, rss=rss)
+        write_run(
+            sweep / f"algorithm.H={h},seed={seed}",
+            H=h,
+            seed=seed,
+            accuracy=acc,
+            round_s=times,
+            staleness=stale,
+            rss=rss,
+        )
     # a GRPO run: grouped on its own, left out of the correlations (another loss), no staleness
-    write_run(sweep / "algorithm=grpo,seed=0", H=1, seed=0, accuracy=0.9, round_s=[50], staleness=[0], rss=[5000],
-              name="grpo", loss="grpo")
+    write_run(
+        sweep / "algorithm=grpo,seed=0",
+        H=1,
+        seed=0,
+        accuracy=0.9,
+        round_s=[50],
+        staleness=[0],
+        rss=[5000],
+        name="grpo",
+        loss="grpo",
+    )
     out = tmp_path / "out"
     text = stats.main([str(sweep), "--out", str(out)])
     table = {r["config"]: r for r in csv.DictReader((out / "stats.csv").open())}
     assert set(table) == {"algorithm.H=1", "algorithm.H=2", "algorithm.H=4", "algorithm=grpo"}
     h2 = table["algorithm.H=2"]
     assert h2["seeds"] == "0 1" and float(h2["accuracy_n"]) == 2
-    assert float(h2["accuracy_mean"]) == pytest.approx(0.5)                  # (0.4 + 0.6) / 2
-    assert float(h2["accuracy_std"]) == pytest.approx(math.sqrt(0.02))       # ((0.1² + 0.1²) / 1)^½
-    assert float(h2["train_s_mean"]) == pytest.approx(12.0)                  # 6 + 6 and 7 + 5
+    assert float(h2["accuracy_mean"]) == pytest.approx(0.5)  # (0.4 + 0.6) / 2
+    assert float(h2["accuracy_std"]) == pytest.approx(math.sqrt(0.02))  # ((0.1² + 0.1²) / 1)^½
+    assert float(h2["train_s_mean"]) == pytest.approx(12.0)  # 6 + 6 and 7 + 5
     assert float(h2["train_s_std"]) == pytest.approx(0.0)
-    assert float(h2["staleness_mean"]) == pytest.approx(0.2)                 # means 0.2 and 0.2
+    assert float(h2["staleness_mean"]) == pytest.approx(0.2)  # means 0.2 and 0.2
     assert float(h2["log_w_mean_mean"]) == pytest.approx(-0.2)
-    assert float(h2["peak_rss_mib_mean"]) == pytest.approx(975.0)            # max(900, 1000), max(950, 900)
+    assert float(h2["peak_rss_mib_mean"]) == pytest.approx(975.0)  # max(900, 1000), max(950, 900)
     h4 = table["algorithm.H=4"]
-    assert float(h4["train_s_mean"]) == pytest.approx(8.5)                   # 8 and 9
-    assert float(h4["staleness_mean"]) == pytest.approx(0.65)                # 0.6 and 0.7
+    assert float(h4["train_s_mean"]) == pytest.approx(8.5)  # 8 and 9
+    assert float(h4["staleness_mean"]) == pytest.approx(0.65)  # 0.6 and 0.7
     assert (float(h4["accuracy_ci_low"]), float(h4["accuracy_ci_high"])) == (pytest.approx(0.3), pytest.approx(0.5))
 
     corr = {c["quantity"]: c for c in csv.DictReader((out / "correlations.csv").open())}
@@ -124,7 +165,7 @@ def test_multirun_folder_by_hand(tmp_path):
     # by hand: H mean 7/3, Σ dH dA = −0.6, Σ dH² = 28/3, Σ dA² = 0.1 -> r = −0.6 / √(0.9333) = −0.621059
     assert float(corr["accuracy"]["r"]) == pytest.approx(-0.621059, abs=1e-6)
     assert float(corr["accuracy"]["r"]) == pytest.approx(np.corrcoef(h, acc)[0, 1], abs=1e-12)
-    t = -0.621059 * math.sqrt(4 / (1 - 0.621059 ** 2))
+    t = -0.621059 * math.sqrt(4 / (1 - 0.621059**2))
     assert float(corr["accuracy"]["p"]) == pytest.approx(stats.t_two_sided_p(t, 4), rel=1e-4)
     assert int(corr["accuracy"]["n"]) == 6 and corr["accuracy"]["H_values"] == "1 2 4"
     train = [sum(v[1]) for v in RUNS.values()]
@@ -141,8 +182,11 @@ def test_bench_rl_and_seed_folders(tmp_path):
     trl = runs / "trl_grpo_s0"
     trl.mkdir(parents=True)
     (trl / "metrics.jsonl").write_text(json.dumps({"loss": 0.1}) + "\n")
-    (trl / "summary.json").write_text(json.dumps({"eval/accuracy_after": 0.45, "time/rounds_s_total": 478.0,
-                                                  "peak_rss_mib": 9560.0, "algorithm": "trl_grpo"}))
+    (trl / "summary.json").write_text(
+        json.dumps(
+            {"eval/accuracy_after": 0.45, "time/rounds_s_total": 478.0, "peak_rss_mib": 9560.0, "algorithm": "trl_grpo"}
+        )
+    )
     default = tmp_path / "default_run"
     write_run(default / "seed0", H=8, seed=0, accuracy=0.7, round_s=[1], staleness=[0.1], rss=[10], summary=False)
     # an algorithm=sft run: its summary at the top (distillation + SFT time), the stages inside, Hydra's config
@@ -151,7 +195,9 @@ def test_bench_rl_and_seed_folders(tmp_path):
     (sft / "distill").mkdir()
     (sft / "distill" / "distill_summary.json").write_text("{}")
     (sft / ".hydra").mkdir()
-    (sft / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"seed": 2, "algorithm": {"name": "sft", "loss": "sft"}}))
+    (sft / ".hydra" / "config.yaml").write_text(
+        yaml.safe_dump({"seed": 2, "algorithm": {"name": "sft", "loss": "sft"}})
+    )
     (sft / "summary.json").write_text(json.dumps({"eval/accuracy_after": 0.33, "time/total_s": 77.0}))
     found = stats.find_runs([tmp_path])
     assert sft in found and sft / "sft" not in found
@@ -161,7 +207,7 @@ def test_bench_rl_and_seed_folders(tmp_path):
     assert rows["algorithm=sft"]["algorithm"] == "sft"
     assert rows["rapid_h8"]["accuracy_mean"] == pytest.approx(0.3) and rows["rapid_h8"]["seeds"] == "0 1"
     assert rows["trl_grpo"]["train_s_mean"] == 478.0 and rows["trl_grpo"]["peak_rss_mib_mean"] == 9560.0
-    assert rows["default_run"]["accuracy_mean"] == 0.7            # no summary.json: the last eval row
+    assert rows["default_run"]["accuracy_mean"] == 0.7  # no summary.json: the last eval row
 
 
 def test_no_runs_is_one_sentence(tmp_path):
@@ -172,7 +218,7 @@ def test_no_runs_is_one_sentence(tmp_path):
 def test_common_overrides_are_dropped_and_the_cpu_reported(tmp_path):
     sweep = tmp_path / "multirun" / "table1_cpu"
     for alg, seed in (("grpo", 0), ("grpo", 1), ("rapid", 0)):
-        every = 1 if alg == "rapid" else 8     # eval.every differs with H under '${div:...}': not part of the name
+        every = 1 if alg == "rapid" else 8  # eval.every differs with H under '${div:...}': not part of the name
         run = sweep / f"algorithm={alg},epochs=0.64,eval.every='{every}',rounds=null,seed={seed},task=arithmetic"
         write_run(run, H=1, seed=seed, accuracy=0.5, round_s=[1], staleness=[0], rss=[1])
         (run / "meta.json").write_text(json.dumps({"cpu": "Some CPU, 2 cores, vector extensions: avx2"}))

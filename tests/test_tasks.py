@@ -5,35 +5,41 @@ from rapid.tasks.grading import boxed_number_reward, last_boxed, parse_number
 from tests.helpers import tiny_model
 
 
-@pytest.mark.parametrize("text, want", [
-    ("so \\boxed{7}", "7"),
-    ("\\boxed{1} then \\boxed{2}", "2"),                 # the last box counts
-    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),            # nested braces balanced
-    ("\\fbox{3}", "3"),
-    ("no box here", None),
-    ("\\boxed{12", None),                                 # unbalanced: no answer
-])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("so \\boxed{7}", "7"),
+        ("\\boxed{1} then \\boxed{2}", "2"),  # the last box counts
+        ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),  # nested braces balanced
+        ("\\fbox{3}", "3"),
+        ("no box here", None),
+        ("\\boxed{12", None),  # unbalanced: no answer
+    ],
+)
 def test_last_boxed(text, want):
     assert last_boxed(text) == want
 
 
-@pytest.mark.parametrize("completion, answer, reward", [
-    ("\\boxed{12}", "12", 1.0),
-    ("\\boxed{ 12 }", "12", 1.0),
-    ("\\boxed{12.0}", "12", 1.0),
-    ("\\boxed{1,000}", "1000", 1.0),
-    ("\\boxed{1{,}000}", "1000", 1.0),
-    ("\\boxed{\\$5}", "5", 1.0),
-    ("\\boxed{\\frac{6}{4}}", "1.5", 1.0),
-    ("\\boxed{\\dfrac{3}{2}}", "3/2", 1.0),
-    ("\\boxed{-3}", "-3", 1.0),
-    ("\\boxed{13}", "12", 0.0),
-    ("\\boxed{3}", "-3", 0.0),                              # sign matters
-    ("12", "12", 0.0),                                      # no box, no credit
-    ("\\boxed{12} and later \\boxed{13}", "12", 0.0),       # only the last box counts
-    ("\\boxed{x}", "12", 0.0),
-    ("\\boxed{120}", "12", 0.0),
-])
+@pytest.mark.parametrize(
+    "completion, answer, reward",
+    [
+        ("\\boxed{12}", "12", 1.0),
+        ("\\boxed{ 12 }", "12", 1.0),
+        ("\\boxed{12.0}", "12", 1.0),
+        ("\\boxed{1,000}", "1000", 1.0),
+        ("\\boxed{1{,}000}", "1000", 1.0),
+        ("\\boxed{\\$5}", "5", 1.0),
+        ("\\boxed{\\frac{6}{4}}", "1.5", 1.0),
+        ("\\boxed{\\dfrac{3}{2}}", "3/2", 1.0),
+        ("\\boxed{-3}", "-3", 1.0),
+        ("\\boxed{13}", "12", 0.0),
+        ("\\boxed{3}", "-3", 0.0),  # sign matters
+        ("12", "12", 0.0),  # no box, no credit
+        ("\\boxed{12} and later \\boxed{13}", "12", 0.0),  # only the last box counts
+        ("\\boxed{x}", "12", 0.0),
+        ("\\boxed{120}", "12", 0.0),
+    ],
+)
 def test_boxed_number_reward(completion, answer, reward):
     assert boxed_number_reward(completion, answer) == reward
 
@@ -65,6 +71,6 @@ def test_prompts_use_chat_template_and_shots():
     text = tok.decode(ids[0])
     assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is ")
     assert text.endswith(f"{test[0]['question']}<|im_end|>\n<|im_start|>assistant\n")
-    assert text.count("\\boxed{") == 1                     # one solved example
+    assert text.count("\\boxed{") == 1  # one solved example
     plain = tok.decode(arithmetic.build_prompts(test[:1], tok, n_shots=0, use_chat_template=False, **cfg)[0])
     assert plain == f"Question: {test[0]['question']}\nAnswer:"

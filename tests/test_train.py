@@ -9,6 +9,7 @@ DDP) would then compare nothing, so they run through `SHAPED_LAUNCHER`: the same
 contains a digit" — about half of the random model's 8-character completions do, so every group
 has a non-zero advantage, the gradient is non-zero and the importance weights leave 1.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300
 
 # `python LAUNCHER <overrides>` is `python -m rapid.train <overrides>` with a reward a random model earns.
-SHAPED_LAUNCHER = '''\
+SHAPED_LAUNCHER = """\
 import runpy
 import rapid.tasks.arithmetic as arithmetic
 
@@ -37,41 +38,92 @@ def contains_digit(completion, record):
 
 arithmetic.reward = contains_digit   # train.py calls task.reward(...) through the module
 runpy.run_module("rapid.train", run_name="__main__", alter_sys=True)
-'''
+"""
 
-TRAIN_KEYS = ("round", "samples", "epoch", "train/reward_mean", "train/accuracy", "train/completion_len",
-              "train/truncated_frac", "train/loss", "train/grad_norm", "train/lr", "iw/clip_frac",
-              "iw/staleness", "iw/log_w_mean", "iw/mean", "iw/max", "time/generate_s", "time/reward_s", "time/train_s",
-              "time/sync_s", "time/recompute_s", "time/other_s", "time/round_s", "sampler/tokens_per_s", "wall_s",
-              "mem/generate_rss_mib", "mem/reward_rss_mib", "mem/train_rss_mib", "mem/sync_rss_mib")
+TRAIN_KEYS = (
+    "round",
+    "samples",
+    "epoch",
+    "train/reward_mean",
+    "train/accuracy",
+    "train/completion_len",
+    "train/truncated_frac",
+    "train/loss",
+    "train/grad_norm",
+    "train/lr",
+    "iw/clip_frac",
+    "iw/staleness",
+    "iw/log_w_mean",
+    "iw/mean",
+    "iw/max",
+    "time/generate_s",
+    "time/reward_s",
+    "time/train_s",
+    "time/sync_s",
+    "time/recompute_s",
+    "time/other_s",
+    "time/round_s",
+    "sampler/tokens_per_s",
+    "wall_s",
+    "mem/generate_rss_mib",
+    "mem/reward_rss_mib",
+    "mem/train_rss_mib",
+    "mem/sync_rss_mib",
+)
 EVAL_KEYS = ("round", "eval/accuracy", "eval/reward_mean", "eval/completion_len", "eval/n", "time/eval_s")
-SUMMARY_KEYS = ("eval/accuracy_before", "eval/accuracy_after", "rounds", "samples", "sampler", "algorithm",
-                "time/total_s", "time/generate_s_total", "time/reward_s_total", "time/train_s_total",
-                "time/sync_s_total", "time/recompute_s_total", "time/other_s_total", "time/rounds_s_total",
-                "mem/train_rss_mib_max", "iw/staleness_avg", "iw/log_w_mean_avg")
+SUMMARY_KEYS = (
+    "eval/accuracy_before",
+    "eval/accuracy_after",
+    "rounds",
+    "samples",
+    "sampler",
+    "algorithm",
+    "time/total_s",
+    "time/generate_s_total",
+    "time/reward_s_total",
+    "time/train_s_total",
+    "time/sync_s_total",
+    "time/recompute_s_total",
+    "time/other_s_total",
+    "time/rounds_s_total",
+    "mem/train_rss_mib_max",
+    "iw/staleness_avg",
+    "iw/log_w_mean_avg",
+)
 
 
 # ----------------------------------------------------------------------------- helpers
 
+
 def is_timing(key: str) -> bool:
     """Wall-clock and memory measurements: the only values allowed to differ between equivalent runs."""
-    return key.startswith(("time/", "mem/")) or key in ("wall_s", "sampler/tokens_per_s", "algorithm/gen_alpha_s",
-                                                         "algorithm/predicted_s_per_sample")
+    return key.startswith(("time/", "mem/")) or key in (
+        "wall_s",
+        "sampler/tokens_per_s",
+        "algorithm/gen_alpha_s",
+        "algorithm/predicted_s_per_sample",
+    )
 
 
 def env_for(tmp: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_"))}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", RAPID_CACHE=str(tmp / "rapid_cache"),
-               PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
-               WANDB_MODE="disabled")
+    env.update(
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        RAPID_CACHE=str(tmp / "rapid_cache"),
+        PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        WANDB_MODE="disabled",
+    )
     env.update(extra)
     return env
 
 
 def command(args: list[str], tmp: Path, *, shaped: bool = False, nproc: int = 1) -> list[str]:
     """argv of `python -m rapid.train <args>` (through SHAPED_LAUNCHER if `shaped`, torchrun if nproc > 1)."""
-    if shaped:   # the shaped reward credits any digit, so arithmetic's reward self-test would (rightly) refuse it
+    if shaped:  # the shaped reward credits any digit, so arithmetic's reward self-test would (rightly) refuse it
         launcher = tmp / "shaped_launcher.py"
         launcher.write_text(SHAPED_LAUNCHER)
         entry = [str(launcher)]
@@ -79,18 +131,31 @@ def command(args: list[str], tmp: Path, *, shaped: bool = False, nproc: int = 1)
     else:
         entry = ["-m", "rapid.train"]
     if nproc > 1:
-        entry = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                 *(entry if shaped else ["--module", "rapid.train"])]
+        entry = [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            *(entry if shaped else ["--module", "rapid.train"]),
+        ]
     if not any(a.startswith("sampler=") for a in args):
-        args = [*args, "sampler=hf"]     # per-sample seeds: runs are exactly reproducible (see test_vllm_sampler.py)
+        args = [*args, "sampler=hf"]  # per-sample seeds: runs are exactly reproducible (see test_vllm_sampler.py)
     return [sys.executable, *entry, *args]
 
 
-def launch(args: list[str], tmp: Path, *, shaped: bool = False, nproc: int = 1, check: bool = True,
-           **env: str) -> subprocess.CompletedProcess:
+def launch(
+    args: list[str], tmp: Path, *, shaped: bool = False, nproc: int = 1, check: bool = True, **env: str
+) -> subprocess.CompletedProcess:
     """Run rapid.train with Hydra `args` (stdout and stderr together in .stdout)."""
-    proc = subprocess.run(command(args, tmp, shaped=shaped, nproc=nproc), cwd=REPO, env=env_for(tmp, **env),
-                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S)
+    proc = subprocess.run(
+        command(args, tmp, shaped=shaped, nproc=nproc),
+        cwd=REPO,
+        env=env_for(tmp, **env),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=TIMEOUT_S,
+    )
     if check and proc.returncode != 0:
         pytest.fail(f"rapid.train {' '.join(args)} exited with {proc.returncode}:\n{proc.stdout[-6000:]}")
     return proc
@@ -98,9 +163,12 @@ def launch(args: list[str], tmp: Path, *, shaped: bool = False, nproc: int = 1, 
 
 def launch_all(cases: dict[str, list[str]], tmp: Path) -> dict[str, tuple[int, str]]:
     """Run several short (failing) launches at once: {name: (exit code, stdout + stderr)}."""
-    procs = {name: subprocess.Popen(command(args, tmp), cwd=REPO, env=env_for(tmp), text=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for name, args in cases.items()}
+    procs = {
+        name: subprocess.Popen(
+            command(args, tmp), cwd=REPO, env=env_for(tmp), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        for name, args in cases.items()
+    }
     return {name: (p.communicate(timeout=TIMEOUT_S)[0], p.returncode)[::-1] for name, p in procs.items()}
 
 
@@ -147,6 +215,7 @@ def assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tens
 
 # ----------------------------------------------------------------------------- tests
 
+
 @pytest.mark.slow
 def test_smoke_run_writes_config_metrics_summary(tmp_path):
     run = tmp_path / "run"
@@ -156,7 +225,7 @@ def test_smoke_run_writes_config_metrics_summary(tmp_path):
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     a = cfg["algorithm"]
     assert (a["H"], a["n_step"], a["n_group"]) == (2, 8, 4)
-    assert a["n_inference"] == a["H"] * a["n_step"] == 16          # the `mul` resolver, resolved
+    assert a["n_inference"] == a["H"] * a["n_step"] == 16  # the `mul` resolver, resolved
     assert cfg["model"]["name"] == "tiny-llama" and cfg["rounds"] == 3 and cfg["sampler"]["temperature"] == 0.7
     assert json.loads((run / "meta.json").read_text())["world_size"] == 1
     split = json.loads((run / "split.json").read_text())
@@ -165,14 +234,14 @@ def test_smoke_run_writes_config_metrics_summary(tmp_path):
     rows = read_rows(run)
     trains, evals = train_rows(rows), eval_rows(rows)
     assert [r["round"] for r in trains] == [1, 2, 3]
-    assert [r["round"] for r in evals] == [0, 2, 3]                 # before, eval.every=2, after
+    assert [r["round"] for r in evals] == [0, 2, 3]  # before, eval.every=2, after
     for r in trains:
         assert set(TRAIN_KEYS) <= set(r), set(TRAIN_KEYS) - set(r)
         assert all(isinstance(r[k], (int, float)) and math.isfinite(r[k]) for k in TRAIN_KEYS), r
         assert r["samples"] == 16 * r["round"]
-        assert r["epoch"] == pytest.approx(16 / 4 * r["round"] / (400 - 16))   # 384 training problems
+        assert r["epoch"] == pytest.approx(16 / 4 * r["round"] / (400 - 16))  # 384 training problems
         assert 0.0 <= r["train/reward_mean"] <= 1.0 and 0.0 <= r["train/truncated_frac"] <= 1.0
-        assert 1.0 <= r["train/completion_len"] <= 8.0                            # max_new_tokens
+        assert 1.0 <= r["train/completion_len"] <= 8.0  # max_new_tokens
         # cosine decay of lr 2e-5 over rounds * H = 6 steps; the row reports the round's last step
         step = 2 * r["round"] - 1
         assert r["train/lr"] == pytest.approx(2e-5 * 0.5 * (1 + math.cos(math.pi * step / 6)))
@@ -215,8 +284,9 @@ def test_smoke_run_writes_config_metrics_summary(tmp_path):
     samples = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
     assert [s["round"] for s in samples] == [k for k in (1, 2, 3) for _ in range(16)]
     assert all(0 <= s["prompt_index"] < 384 and 1 <= len(s["completion_ids"]) <= 8 for s in samples)
-    assert [sum(s["reward"] for s in samples if s["round"] == r["round"]) / 16 for r in trains] == \
-        [r["train/reward_mean"] for r in trains]
+    assert [sum(s["reward"] for s in samples if s["round"] == r["round"]) / 16 for r in trains] == [
+        r["train/reward_mean"] for r in trains
+    ]
 
     # ckpt.every=2, keep=1: round 2 was saved, then replaced by the final round 3
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["round_000003"]
@@ -247,9 +317,9 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
     assert "at round 2" in proc.stdout
 
     rows_b = read_rows(run_b)
-    assert rows_b[:len(rows_b) - sum(r["round"] > 2 for r in rows_b)] == [r for r in rows_a if r["round"] <= 2]
+    assert rows_b[: len(rows_b) - sum(r["round"] > 2 for r in rows_b)] == [r for r in rows_a if r["round"] <= 2]
     assert_rows_equal([r for r in rows_b if r["round"] > 2], [r for r in rows_a if r["round"] > 2])
-    assert [r["round"] for r in rows_b if r["round"] > 2] == [3, 4, 4]          # train 3, train 4, final eval
+    assert [r["round"] for r in rows_b if r["round"] > 2] == [3, 4, 4]  # train 3, train 4, final eval
     assert_same_weights(final_weights(run_b, 4), final_weights(run_a, 4), atol=1e-6)
     # and the optimizer moments, so that a second resume would also continue exactly
     opt_a = torch.load(run_a / "checkpoints" / "round_000004" / "state.pt", weights_only=False)["optimizer"]
@@ -258,8 +328,9 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
         for k in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(opt_b["state"][i][k], s[k], rtol=1e-6, atol=1e-9)
     summary_a, summary_b = (json.loads((d / "summary.json").read_text()) for d in (run_a, run_b))
-    assert {k: v for k, v in summary_b.items() if not is_timing(k)} == \
-        {k: v for k, v in summary_a.items() if not is_timing(k)}
+    assert {k: v for k, v in summary_b.items() if not is_timing(k)} == {
+        k: v for k, v in summary_a.items() if not is_timing(k)
+    }
 
 
 @pytest.mark.slow
@@ -270,30 +341,45 @@ def test_auto_h_moves_stops_early_and_resumes(tmp_path):
     cost_tolerance=0 the choice depends on the weights alone, so a run resumed from a mid-run
     checkpoint repeats the same H sequence and ends with the same weights."""
     budget, n_step = 192, 8
-    overrides = ["+experiment=smoke", "device=cpu", "algorithm.H=auto", f"samples={budget}", "algorithm.auto_h.max=8",
-                 "algorithm.auto_h.cost_tolerance=0", "algorithm.auto_h.ess_floor=0.45", "optim.lr=1e-2",
-                 "eval.every=0", "eval.every_samples=64", "ckpt.every=2", "ckpt.keep=20"]
+    overrides = [
+        "+experiment=smoke",
+        "device=cpu",
+        "algorithm.H=auto",
+        f"samples={budget}",
+        "algorithm.auto_h.max=8",
+        "algorithm.auto_h.cost_tolerance=0",
+        "algorithm.auto_h.ess_floor=0.45",
+        "optim.lr=1e-2",
+        "eval.every=0",
+        "eval.every_samples=64",
+        "ckpt.every=2",
+        "ckpt.keep=20",
+    ]
     run_a = tmp_path / "a"
     launch([*overrides, f"hydra.run.dir={run_a}"], tmp_path, shaped=True)
     cfg = yaml.safe_load((run_a / "config.yaml").read_text())
-    assert (cfg["algorithm"]["H"], cfg["algorithm"]["n_inference"], cfg["rounds"], cfg["samples"]) == \
-        ("auto", "auto", None, budget)
+    assert (cfg["algorithm"]["H"], cfg["algorithm"]["n_inference"], cfg["rounds"], cfg["samples"]) == (
+        "auto",
+        "auto",
+        None,
+        budget,
+    )
     rows_a = read_rows(run_a)
     trains = train_rows(rows_a)
     hs = [r["algorithm/H"] for r in trains]
-    assert hs[0] == 1 and max(hs) >= 4, hs                                       # starts at min, grows
-    assert any(b < a for a, b in zip(hs, hs[1:])), hs                             # and shrinks
+    assert hs[0] == 1 and max(hs) >= 4, hs  # starts at min, grows
+    assert any(b < a for a, b in zip(hs, hs[1:])), hs  # and shrinks
     samples = 0
     for r, nxt in zip(trains, trains[1:] + [None]):
         samples += r["algorithm/H"] * n_step
-        assert r["samples"] == samples                                           # generated, cumulative
+        assert r["samples"] == samples  # generated, cumulative
         assert r["algorithm/steps"] * n_step + r["algorithm/unused_samples"] == r["algorithm/H"] * n_step
-        if r["algorithm/unused_samples"]:       # stopped: the step below the floor was measured, not applied
+        if r["algorithm/unused_samples"]:  # stopped: the step below the floor was measured, not applied
             assert r["algorithm/ess_last"] < 0.45 and r["algorithm/steps"] < r["algorithm/H"]
         else:
             assert r["algorithm/ess_last"] >= 0.45 and r["algorithm/steps"] == r["algorithm/H"]
         assert 1 <= r["algorithm/next_H"] <= min(8, 2 * r["algorithm/H"], r["algorithm/next_H_ess"])
-        if nxt is not None:                     # the next round runs the chosen H, cut to the budget left
+        if nxt is not None:  # the next round runs the chosen H, cut to the budget left
             assert nxt["algorithm/H"] == min(r["algorithm/next_H"], (budget - samples) // n_step)
         # the cosine schedule runs over budget / n_step = 24 steps indexed by samples generated: the
         # row's lr is that of its last applied step
@@ -327,8 +413,17 @@ def test_auto_h_moves_stops_early_and_resumes(tmp_path):
 def test_ddp_two_ranks_match_single_process(tmp_path):
     # H = 1: one gradient step per round on the whole round (16 records, 4 prompts); on 2 ranks
     # each takes 2 prompts and 2 micro-batches of one group; DDP averages the two halves.
-    overrides = ["+experiment=smoke", "device=cpu", "algorithm.H=1", "algorithm.n_step=16", "train.micro_batch=4",
-                 "optim.lr=1e-3", "rounds=2", "ckpt.every=1", "ckpt.keep=2"]
+    overrides = [
+        "+experiment=smoke",
+        "device=cpu",
+        "algorithm.H=1",
+        "algorithm.n_step=16",
+        "train.micro_batch=4",
+        "optim.lr=1e-3",
+        "rounds=2",
+        "ckpt.every=1",
+        "ckpt.keep=2",
+    ]
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     launch([*overrides, f"hydra.run.dir={single}"], tmp_path, shaped=True)
     launch([*overrides, f"hydra.run.dir={ddp}"], tmp_path, shaped=True, nproc=2)
@@ -337,25 +432,25 @@ def test_ddp_two_ranks_match_single_process(tmp_path):
     rows_1, rows_2 = read_rows(single), read_rows(ddp)
     t1, t2 = train_rows(rows_1), train_rows(rows_2)
     assert [r["round"] for r in t2] == [1, 2]
-    assert all(r["train/grad_norm"] > 0 for r in t1)                # not vacuous
+    assert all(r["train/grad_norm"] > 0 for r in t1)  # not vacuous
     for r1, r2 in zip(t1, t2):
         # the same completions (seeded per round, prompt, sample), so the same rewards and lengths
-        for key in ("samples", "train/reward_mean", "train/accuracy", "train/completion_len",
-                    "train/truncated_frac"):
+        for key in ("samples", "train/reward_mean", "train/accuracy", "train/completion_len", "train/truncated_frac"):
             assert r2[key] == r1[key], (r1["round"], key)
         for key in ("train/loss", "train/grad_norm", "iw/mean", "iw/staleness"):
             assert r2[key] == pytest.approx(r1[key], rel=1e-4, abs=1e-5), (r1["round"], key)
         # on-policy (H = 1): π_θ = μ on every step, so every importance weight is 1
         assert r2["iw/mean"] == pytest.approx(1.0, abs=1e-4) and r2["iw/staleness"] < 1e-4
-    assert [(r["round"], r["eval/accuracy"], r["eval/n"]) for r in eval_rows(rows_2)] == \
-        [(r["round"], r["eval/accuracy"], r["eval/n"]) for r in eval_rows(rows_1)]
+    assert [(r["round"], r["eval/accuracy"], r["eval/n"]) for r in eval_rows(rows_2)] == [
+        (r["round"], r["eval/accuracy"], r["eval/n"]) for r in eval_rows(rows_1)
+    ]
     # Only rank 0 saves. Rank 1's parameters after round 1 decide its half of round 2's samples
     # and gradient, so round-2 rows and final weights equal to the single process's also show
     # that the ranks stayed in sync.
     for round_ in (1, 2):
         assert_same_weights(final_weights(ddp, round_), final_weights(single, round_), atol=1e-5)
     step_2 = max((final_weights(single, 2)[k] - w).abs().max().item() for k, w in final_weights(single, 1).items())
-    assert step_2 > 1e-4                                            # Adam at lr 1e-3 moved the weights
+    assert step_2 > 1e-4  # Adam at lr 1e-3 moved the weights
 
 
 @pytest.mark.slow
@@ -365,9 +460,25 @@ def test_auto_h_under_ddp(tmp_path):
     steps. Ranks that disagreed would issue different collectives (DDP's gradient all-reduce, the ESS
     all-reduce) and the run would hang or fail; here it finishes with H moving and rounds stopped early."""
     run = tmp_path / "ddp"
-    launch(["+experiment=smoke", "device=cpu", "algorithm.H=auto", "samples=96", "algorithm.auto_h.max=8",
-            "algorithm.auto_h.ess_target=0.9", "algorithm.auto_h.ess_floor=0.8", "train.micro_batch=4",
-            "optim.lr=1e-2", "eval.every=0", "ckpt.every=0", f"hydra.run.dir={run}"], tmp_path, shaped=True, nproc=2)
+    launch(
+        [
+            "+experiment=smoke",
+            "device=cpu",
+            "algorithm.H=auto",
+            "samples=96",
+            "algorithm.auto_h.max=8",
+            "algorithm.auto_h.ess_target=0.9",
+            "algorithm.auto_h.ess_floor=0.8",
+            "train.micro_batch=4",
+            "optim.lr=1e-2",
+            "eval.every=0",
+            "ckpt.every=0",
+            f"hydra.run.dir={run}",
+        ],
+        tmp_path,
+        shaped=True,
+        nproc=2,
+    )
     assert json.loads((run / "meta.json").read_text())["world_size"] == 2
     rows = train_rows(read_rows(run))
     assert len({r["algorithm/H"] for r in rows}) >= 2 and any(r["algorithm/unused_samples"] for r in rows)
@@ -377,15 +488,22 @@ def test_auto_h_under_ddp(tmp_path):
 
 @pytest.mark.slow
 def test_invalid_config_one_sentence(tmp_path):
-    cases = {"n_step": (["algorithm.n_step=6", "algorithm.n_group=4"], ("n_step=6", "n_group=4")),
-             "n_inference": (["algorithm.n_inference=100"], ("n_inference=100", "H * n_step")),
-             "cuda": (["device=cuda"], ("device=cuda", "GPU")),
-             "top_p": (["sampler.top_p=0.9"], ("sampler.top_p=0.9", "top_p=1.0")),
-             "correction": (["algorithm.engine_correction=token"], ("engine_correction=token", "recompute"))}
+    cases = {
+        "n_step": (["algorithm.n_step=6", "algorithm.n_group=4"], ("n_step=6", "n_group=4")),
+        "n_inference": (["algorithm.n_inference=100"], ("n_inference=100", "H * n_step")),
+        "cuda": (["device=cuda"], ("device=cuda", "GPU")),
+        "top_p": (["sampler.top_p=0.9"], ("sampler.top_p=0.9", "top_p=1.0")),
+        "correction": (["algorithm.engine_correction=token"], ("engine_correction=token", "recompute")),
+    }
     if torch.cuda.is_available():
         del cases["cuda"]
-    results = launch_all({name: ["+experiment=smoke", *overrides, f"hydra.run.dir={tmp_path / name}"]
-                          for name, (overrides, _) in cases.items()}, tmp_path)
+    results = launch_all(
+        {
+            name: ["+experiment=smoke", *overrides, f"hydra.run.dir={tmp_path / name}"]
+            for name, (overrides, _) in cases.items()
+        },
+        tmp_path,
+    )
     for name, (overrides, words) in cases.items():
         assert_one_sentence_error(*results[name], words)
         assert not (tmp_path / name / "metrics.jsonl").exists(), overrides
@@ -394,11 +512,18 @@ def test_invalid_config_one_sentence(tmp_path):
 @pytest.mark.slow
 def test_invalid_task_or_sampler_one_sentence(tmp_path):
     """Unknown task, unknown sampler and an impossible eval split stop with one `rapid:` line."""
-    cases = {"n_eval": (["task.n_eval=400"], ("task.n_eval=400",)),
-             "task": (["task.name=nope"], ("nope",)),
-             "sampler": (["sampler.name=nope"], ("nope",))}
-    results = launch_all({name: ["+experiment=smoke", *overrides, f"hydra.run.dir={tmp_path / name}"]
-                          for name, (overrides, _) in cases.items()}, tmp_path)
+    cases = {
+        "n_eval": (["task.n_eval=400"], ("task.n_eval=400",)),
+        "task": (["task.name=nope"], ("nope",)),
+        "sampler": (["sampler.name=nope"], ("nope",)),
+    }
+    results = launch_all(
+        {
+            name: ["+experiment=smoke", *overrides, f"hydra.run.dir={tmp_path / name}"]
+            for name, (overrides, _) in cases.items()
+        },
+        tmp_path,
+    )
     for name, (_, words) in cases.items():
         assert_one_sentence_error(*results[name], words)
 
@@ -426,14 +551,20 @@ def test_wandb_offline(tmp_path):
         pytest.skip("wandb is not installed (pip install -e '.[wandb]'); logger.wandb=true cannot be tested")
     run = tmp_path / "run"
     wandb_home = tmp_path / "wandb_home"
-    launch(["+experiment=smoke", "rounds=1", "logger.wandb=true", f"hydra.run.dir={run}"], tmp_path,
-           WANDB_MODE="offline", WANDB_SILENT="true", WANDB_CONFIG_DIR=str(wandb_home / "config"),
-           WANDB_CACHE_DIR=str(wandb_home / "cache"), WANDB_DATA_DIR=str(wandb_home / "data"))
+    launch(
+        ["+experiment=smoke", "rounds=1", "logger.wandb=true", f"hydra.run.dir={run}"],
+        tmp_path,
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        WANDB_CONFIG_DIR=str(wandb_home / "config"),
+        WANDB_CACHE_DIR=str(wandb_home / "cache"),
+        WANDB_DATA_DIR=str(wandb_home / "data"),
+    )
     offline = list((run / "wandb").glob("offline-run-*"))
     assert len(offline) == 1, list((run / "wandb").iterdir()) if (run / "wandb").exists() else "no wandb/"
     records = list(offline[0].glob("run-*.wandb"))
     assert len(records) == 1, list(offline[0].iterdir())
-    data = records[0].read_bytes()          # protobuf records: keys are stored as plain strings
+    data = records[0].read_bytes()  # protobuf records: keys are stored as plain strings
     for key in ("train/reward_mean", "iw/staleness", "eval/accuracy", "n_inference"):
         assert key.encode() in data, f"{key} was not logged to wandb"
     assert json.loads((run / "summary.json").read_text())["rounds"] == 1
@@ -446,11 +577,23 @@ def test_training_raises_a_learnable_reward(tmp_path):
     its samples rewarded to nearly all within 10 rounds (1.0 on this machine), and greedy
     decoding follows. A sign error anywhere on the gradient path drives it to ~0 instead."""
     run = tmp_path / "run"
-    launch(["+experiment=smoke", "device=cpu", "rounds=10", "algorithm.n_step=16", "optim.lr=1e-2", "eval.every=0",
-            "ckpt.every=0", f"hydra.run.dir={run}"], tmp_path, shaped=True)
+    launch(
+        [
+            "+experiment=smoke",
+            "device=cpu",
+            "rounds=10",
+            "algorithm.n_step=16",
+            "optim.lr=1e-2",
+            "eval.every=0",
+            "ckpt.every=0",
+            f"hydra.run.dir={run}",
+        ],
+        tmp_path,
+        shaped=True,
+    )
     rewards = [r["train/reward_mean"] for r in train_rows(read_rows(run))]
     assert len(rewards) == 10
-    assert 0.3 < rewards[0] < 0.8                                    # the random model: about half
+    assert 0.3 < rewards[0] < 0.8  # the random model: about half
     late = sum(rewards[-3:]) / 3
     assert late >= 0.85 and late >= rewards[0] + 0.25, rewards
     summary = json.loads((run / "summary.json").read_text())
@@ -469,25 +612,41 @@ def test_resume_of_finished_run_adds_no_rows(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm, keys", [
-    ("pg", ("iw/clip_frac", "iw/staleness", "iw/mean")),
-    ("grpo", ("iw/clip_frac", "loss/kl_mean", "loss/ratio_mean", "loss/clip_frac_low", "loss/clip_frac_high")),
-    ("dapo", ("iw/clip_frac", "loss/ratio_mean", "train/dropped_groups")),
-])
+@pytest.mark.parametrize(
+    "algorithm, keys",
+    [
+        ("pg", ("iw/clip_frac", "iw/staleness", "iw/mean")),
+        ("grpo", ("iw/clip_frac", "loss/kl_mean", "loss/ratio_mean", "loss/clip_frac_low", "loss/clip_frac_high")),
+        ("dapo", ("iw/clip_frac", "loss/ratio_mean", "train/dropped_groups")),
+    ],
+)
 def test_baselines_run_in_the_same_loop(tmp_path, algorithm, keys):
     """PG, GRPO and DAPO run end to end through the same loop, log their own statistics, and raise the reward."""
     run = tmp_path / "run"
-    launch(["+experiment=smoke", f"algorithm={algorithm}", "algorithm.H=1", "rounds=6", "algorithm.n_step=16", "optim.lr=1e-2",
-            "eval.every=0", "ckpt.every=0", f"hydra.run.dir={run}"], tmp_path, shaped=True)
+    launch(
+        [
+            "+experiment=smoke",
+            f"algorithm={algorithm}",
+            "algorithm.H=1",
+            "rounds=6",
+            "algorithm.n_step=16",
+            "optim.lr=1e-2",
+            "eval.every=0",
+            "ckpt.every=0",
+            f"hydra.run.dir={run}",
+        ],
+        tmp_path,
+        shaped=True,
+    )
     rows = train_rows(read_rows(run))
     assert len(rows) == 6
     for key in keys:
         assert all(key in r and math.isfinite(r[key]) for r in rows), key
     cfg = yaml.safe_load((run / "config.yaml").read_text())["algorithm"]
     assert cfg["name"] == algorithm and (cfg["H"] == 1)
-    if algorithm == "pg":                                  # on-policy: every importance weight is 1
+    if algorithm == "pg":  # on-policy: every importance weight is 1
         assert all(abs(r["iw/mean"] - 1) < 1e-4 and r["iw/staleness"] < 1e-4 for r in rows)
-    if algorithm == "grpo":                                 # the policy moves away from the reference
+    if algorithm == "grpo":  # the policy moves away from the reference
         assert rows[-1]["loss/kl_mean"] > 0
     assert sum(r["train/reward_mean"] for r in rows[-2:]) / 2 > rows[0]["train/reward_mean"]
 
@@ -497,14 +656,26 @@ def test_bf16_recomputes_log_mu_and_corrects_for_the_engine(tmp_path):
     """model.dtype=bfloat16 resolves behavior_logprobs=auto to recompute (the saved config says so),
     so the first step's weights are exactly 1; engine_correction logs its statistics."""
     run = tmp_path / "run"
-    launch(["+experiment=smoke", "model.dtype=bfloat16", "algorithm.H=1", "algorithm.engine_correction=sequence",
-            "rounds=2", "eval.every=0", "ckpt.every=0", f"hydra.run.dir={run}"], tmp_path, shaped=True)
+    launch(
+        [
+            "+experiment=smoke",
+            "model.dtype=bfloat16",
+            "algorithm.H=1",
+            "algorithm.engine_correction=sequence",
+            "rounds=2",
+            "eval.every=0",
+            "ckpt.every=0",
+            f"hydra.run.dir={run}",
+        ],
+        tmp_path,
+        shaped=True,
+    )
     assert yaml.safe_load((run / "config.yaml").read_text())["algorithm"]["behavior_logprobs"] == "recompute"
     rows = train_rows(read_rows(run))
     for r in rows:
         assert r["time/recompute_s"] > 0 and r["train/grad_norm"] > 0
-        assert r["iw/staleness"] < 1e-3 and abs(r["iw/log_w_mean"]) < 1e-3    # recomputed: w = 1 at θ = μ
-        assert r["sampler/logprob_mismatch"] > 0                             # the bf16 sampler/trainer gap
+        assert r["iw/staleness"] < 1e-3 and abs(r["iw/log_w_mean"]) < 1e-3  # recomputed: w = 1 at θ = μ
+        assert r["sampler/logprob_mismatch"] > 0  # the bf16 sampler/trainer gap
         assert 0.5 < r["sampler/correction_ratio_mean"] < 2 and 0 <= r["sampler/correction_trunc_frac"] <= 1
 
 
@@ -512,8 +683,19 @@ def test_lr_schedule_spans_every_pass(tmp_path):
     """With num_iterations = 2 a round takes 2 * H steps, and the cosine decay runs over all of them:
     rounds 2 * H 2 passes = 8 steps, and the row of round r reports step 4r - 1 (0-based)."""
     run = tmp_path / "run"
-    launch(["+experiment=smoke", "algorithm=grpo", "algorithm.H=2", "algorithm.num_iterations=2", "rounds=2",
-            "eval.every=0", "ckpt.every=0", f"hydra.run.dir={run}"], tmp_path)
+    launch(
+        [
+            "+experiment=smoke",
+            "algorithm=grpo",
+            "algorithm.H=2",
+            "algorithm.num_iterations=2",
+            "rounds=2",
+            "eval.every=0",
+            "ckpt.every=0",
+            f"hydra.run.dir={run}",
+        ],
+        tmp_path,
+    )
     rows = train_rows(read_rows(run))
     for r in rows:
         step = 4 * r["round"] - 1

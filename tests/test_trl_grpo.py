@@ -1,6 +1,7 @@
 """tools/trl_grpo.py, rapid's GRPO run through TRL's GRPOTrainer: the prompt round trip that makes TRL
 train on rapid's token ids, and an end-to-end run on the tiny random model in a subprocess (as
 tests/test_train.py runs rapid.train), checked through the files it writes."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -19,10 +20,24 @@ from rapid.tasks import load_splits
 from tests.test_train import REPO, TIMEOUT_S, env_for
 
 TOOL_PATH = REPO / "tools" / "trl_grpo.py"
-SUMMARY_KEYS = ("eval/accuracy_after", "samples", "rounds", "algorithm", "sampler", "time/total_s",
-                "time/generate_s_total", "time/reward_s_total", "time/train_s_total", "time/eval_s",
-                "time/generate_sampling_s_total", "time/generate_old_logprob_s_total",
-                "time/generate_ref_logprob_s_total", "trl_version", "options", "peak_rss_mib")
+SUMMARY_KEYS = (
+    "eval/accuracy_after",
+    "samples",
+    "rounds",
+    "algorithm",
+    "sampler",
+    "time/total_s",
+    "time/generate_s_total",
+    "time/reward_s_total",
+    "time/train_s_total",
+    "time/eval_s",
+    "time/generate_sampling_s_total",
+    "time/generate_old_logprob_s_total",
+    "time/generate_ref_logprob_s_total",
+    "trl_version",
+    "options",
+    "peak_rss_mib",
+)
 
 
 def load_tool():
@@ -62,11 +77,23 @@ def test_smoke_run_through_trl_writes_summary_metrics_and_times(tmp_path):
     pytest.importorskip("trl")
     out = tmp_path / "trl"
     args = ["+experiment=smoke", "algorithm=grpo", "sampler=hf", "device=cpu", "rounds=2"]
-    proc = subprocess.run([sys.executable, str(TOOL_PATH), "--out", str(out), *args], cwd=REPO, env=env_for(tmp_path),
-                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, str(TOOL_PATH), "--out", str(out), *args],
+        cwd=REPO,
+        env=env_for(tmp_path),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=TIMEOUT_S,
+    )
     assert proc.returncode == 0, proc.stdout[-6000:]
-    for option in ("num_generations = 4", "steps_per_generation = 2", "loss_type = 'grpo'", "beta = 0.04",
-                   "vllm_importance_sampling_correction = False"):
+    for option in (
+        "num_generations = 4",
+        "steps_per_generation = 2",
+        "loss_type = 'grpo'",
+        "beta = 0.04",
+        "vllm_importance_sampling_correction = False",
+    ):
         assert option in proc.stdout, option
 
     summary = json.loads((out / "summary.json").read_text())
@@ -76,13 +103,18 @@ def test_smoke_run_through_trl_writes_summary_metrics_and_times(tmp_path):
     assert (summary["algorithm"], summary["sampler"], summary["eval_sampler"]) == ("trl_grpo", "trl-hf-generate", "hf")
     assert 0.0 <= summary["eval/accuracy_after"] <= 1.0 and summary["eval/n"] == 16
     options = summary["options"]
-    assert (options["num_generations"], options["per_device_train_batch_size"], options["steps_per_generation"],
-            options["max_steps"], options["max_completion_length"]) == (4, 8, 2, 4, 8)
+    assert (
+        options["num_generations"],
+        options["per_device_train_batch_size"],
+        options["steps_per_generation"],
+        options["max_steps"],
+        options["max_completion_length"],
+    ) == (4, 8, 2, 4, 8)
     assert options["shuffle_dataset"] is False and options["use_vllm"] is False
 
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]                     # rounds * H optimizer steps
-    assert [r["step"] for r in rows if "reward" in r] == [1, 3]          # one generation per round
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # rounds * H optimizer steps
+    assert [r["step"] for r in rows if "reward" in r] == [1, 3]  # one generation per round
     for r in rows:
         # cosine decay of lr 2e-5 over 4 steps; a row reports the lr its step used (rapid's lr_lambda)
         assert r["learning_rate"] == pytest.approx(2e-5 * 0.5 * (1 + math.cos(math.pi * (r["step"] - 1) / 4)))
@@ -102,7 +134,7 @@ def test_smoke_run_through_trl_writes_summary_metrics_and_times(tmp_path):
         seen = r["num_tokens"]
 
     t = {k.removeprefix("time/").removesuffix("_s_total"): v for k, v in summary.items() if k.startswith("time/")}
-    assert all(v > 0 for v in t.values()), t                            # every hook fired
+    assert all(v > 0 for v in t.values()), t  # every hook fired
     assert t["generate"] + t["reward"] + t["recompute"] + t["train"] == pytest.approx(t["total_s"], rel=1e-6)
     assert t["recompute"] == t["generate_old_logprob"] and t["train"] > t["generate_ref_logprob"]
     assert t["generate"] >= t["generate_sampling"]

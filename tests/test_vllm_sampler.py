@@ -3,6 +3,7 @@
 These tests need vLLM installed (`make install` does it) and run in CI; they start one engine on a
 tiny model built in the test (head_dim 32, which the CPU attention backend supports).
 """
+
 from __future__ import annotations
 
 import copy
@@ -22,20 +23,34 @@ from rapid.sampler import VLLMSampler  # noqa: E402
 from tests.helpers import encode, tiny_model  # noqa: E402
 
 T = 0.7
-PROMPTS = ["What is 2 + 3?", "Hello", "A long shared prompt that fills more than one KV-cache block of the engine: " * 2]
+PROMPTS = [
+    "What is 2 + 3?",
+    "Hello",
+    "A long shared prompt that fills more than one KV-cache block of the engine: " * 2,
+]
 
 
 @pytest.fixture(scope="module")
 def engine():
     model, tok = tiny_model()
-    sampler = VLLMSampler(model, tok, dtype=torch.float32, seed=0, max_model_len=256,
-                          kv_cache_memory_bytes=64 * 2**20, gpu_memory_utilization=0.3,
-                          enable_prefix_caching=True, sleep_during_train=False)
+    sampler = VLLMSampler(
+        model,
+        tok,
+        dtype=torch.float32,
+        seed=0,
+        max_model_len=256,
+        kv_cache_memory_bytes=64 * 2**20,
+        gpu_memory_utilization=0.3,
+        enable_prefix_caching=True,
+        sleep_during_train=False,
+    )
     return model, tok, sampler
 
 
 def trainer_vs_engine(model, tok, groups, prompts):
-    records = [Rollout(p, c.token_ids, c.logprobs, 0.0, i, False) for i, (p, g) in enumerate(zip(prompts, groups)) for c in g]
+    records = [
+        Rollout(p, c.token_ids, c.logprobs, 0.0, i, False) for i, (p, g) in enumerate(zip(prompts, groups)) for c in g
+    ]
     batch = collate(records, tok.pad_token_id)
     with torch.no_grad():
         trainer = completion_logprobs(CompletionLogprobs(model, T), batch)
@@ -68,7 +83,7 @@ def test_sync_weights_in_place_three_times(engine):
         before = copy.deepcopy(model)
         groups = sampler.generate(prompts, n=2, max_new_tokens=16, temperature=T)
         _, batch = trainer_vs_engine(model, tok, groups, prompts)
-        loss = completion_logprobs(CompletionLogprobs(model, T), batch).sum()    # a real step: flatten the policy
+        loss = completion_logprobs(CompletionLogprobs(model, T), batch).sum()  # a real step: flatten the policy
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -78,10 +93,10 @@ def test_sync_weights_in_place_three_times(engine):
         trainer, batch = trainer_vs_engine(model, tok, groups, prompts)
         old, _ = trainer_vs_engine(before, tok, groups, prompts)
         mask = batch.completion_mask
-        assert (trainer - batch.logp_mu).abs()[mask].max() < 1e-4, step      # engine == updated trainer
-        assert (old - batch.logp_mu).abs()[mask].max() > 1e-2, step          # and no longer the old weights
+        assert (trainer - batch.logp_mu).abs()[mask].max() < 1e-4, step  # engine == updated trainer
+        assert (old - batch.logp_mu).abs()[mask].max() > 1e-2, step  # and no longer the old weights
         rss.append(psutil.Process().memory_info().rss)
-    assert rss[-1] - rss[0] < 64 * 2**20          # syncing does not leak memory
+    assert rss[-1] - rss[0] < 64 * 2**20  # syncing does not leak memory
 
 
 def test_smoke_run_with_vllm_keeps_logprob_mismatch_small(tmp_path):
@@ -89,13 +104,19 @@ def test_smoke_run_with_vllm_keeps_logprob_mismatch_small(tmp_path):
 
     run = tmp_path / "run"
     args = ["+experiment=smoke", "sampler=vllm", "model.dtype=float32", "optim.lr=1e-2", f"hydra.run.dir={run}"]
-    proc = subprocess.run(command(args, tmp_path, shaped=True), cwd=REPO, env=env_for(tmp_path),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        command(args, tmp_path, shaped=True),
+        cwd=REPO,
+        env=env_for(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if "train/reward_mean" in r]
     assert len(train) == 3
-    assert max(r["train/grad_norm"] for r in train) > 0                   # the weights really move between rounds
+    assert max(r["train/grad_norm"] for r in train) > 0  # the weights really move between rounds
     assert all(r["sampler/logprob_mismatch"] < 1e-3 for r in train), [r["sampler/logprob_mismatch"] for r in train]
     assert json.loads((run / "summary.json").read_text())["sampler"] == "vllm"
 
@@ -107,10 +128,22 @@ def test_ddp_two_ranks_one_engine_each(tmp_path):
     from tests.test_train import REPO, command, env_for
 
     run = tmp_path / "run"
-    args = ["+experiment=smoke", "sampler=vllm", "algorithm.H=1", "algorithm.n_step=16", "optim.lr=1e-2",
-            f"hydra.run.dir={run}"]
-    proc = subprocess.run(command(args, tmp_path, shaped=True, nproc=2), cwd=REPO, env=env_for(tmp_path),
-                          capture_output=True, text=True, timeout=600)
+    args = [
+        "+experiment=smoke",
+        "sampler=vllm",
+        "algorithm.H=1",
+        "algorithm.n_step=16",
+        "optim.lr=1e-2",
+        f"hydra.run.dir={run}",
+    ]
+    proc = subprocess.run(
+        command(args, tmp_path, shaped=True, nproc=2),
+        cwd=REPO,
+        env=env_for(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "Traceback" not in out, out[-3000:]
     train = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -11,6 +11,7 @@ mean), and its wall time is at most 10% above that of the fastest fixed H whose 
 lies within that interval. The figure shows, per seed of the auto runs, the H of every round and the
 drift ESS of its last step (`algorithm/H`, `algorithm/ess_last` in metrics.jsonl) against samples.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,9 +25,22 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 # two-sided 95% Student t quantiles by degrees of freedom (normal beyond 30)
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-       15: 2.131, 20: 2.086, 30: 2.042}
-WALL_SLACK = 0.10      # H = auto may take this much more wall time than the fastest fixed H of equal accuracy
+T95 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    15: 2.131,
+    20: 2.086,
+    30: 2.042,
+}
+WALL_SLACK = 0.10  # H = auto may take this much more wall time than the fastest fixed H of equal accuracy
 
 
 def t95(dof: int) -> float:
@@ -43,10 +57,19 @@ def summarize(rows: list[dict]) -> list[dict]:
         group = [r for r in rows if r["method"] == name]
         acc = [float(r["accuracy_after"]) for r in group]
         half = t95(len(acc) - 1) * statistics.stdev(acc) / math.sqrt(len(acc)) if len(acc) > 1 else math.inf
-        out.append({"method": name, "seeds": len(group), "accuracy": statistics.mean(acc), "ci": half,
-                    "s_per_1k": statistics.mean(float(r["s_per_1k"]) for r in group),
-                    "rounds": statistics.mean(float(r["rounds"]) for r in group) if all(r.get("rounds") for r in group) else None,
-                    "unused": statistics.mean(float(r.get("unused_samples") or 0) for r in group)})
+        out.append(
+            {
+                "method": name,
+                "seeds": len(group),
+                "accuracy": statistics.mean(acc),
+                "ci": half,
+                "s_per_1k": statistics.mean(float(r["s_per_1k"]) for r in group),
+                "rounds": statistics.mean(float(r["rounds"]) for r in group)
+                if all(r.get("rounds") for r in group)
+                else None,
+                "unused": statistics.mean(float(r.get("unused_samples") or 0) for r in group),
+            }
+        )
     return out
 
 
@@ -57,16 +80,24 @@ def verdict(table: list[dict]) -> dict:
     best = max(fixed, key=lambda m: m["accuracy"])
     low = best["accuracy"] - best["ci"]
     fastest = min((m for m in fixed if m["accuracy"] >= low), key=lambda m: m["s_per_1k"])
-    return {"best": best["method"], "best_accuracy": best["accuracy"], "best_ci": best["ci"],
-            "fastest": fastest["method"], "fastest_s_per_1k": fastest["s_per_1k"],
-            "auto_accuracy": auto["accuracy"], "auto_s_per_1k": auto["s_per_1k"],
-            "accuracy_ok": auto["accuracy"] >= low, "wall_ratio": auto["s_per_1k"] / fastest["s_per_1k"],
-            "wall_ok": auto["s_per_1k"] <= (1 + WALL_SLACK) * fastest["s_per_1k"]}
+    return {
+        "best": best["method"],
+        "best_accuracy": best["accuracy"],
+        "best_ci": best["ci"],
+        "fastest": fastest["method"],
+        "fastest_s_per_1k": fastest["s_per_1k"],
+        "auto_accuracy": auto["accuracy"],
+        "auto_s_per_1k": auto["s_per_1k"],
+        "accuracy_ok": auto["accuracy"] >= low,
+        "wall_ratio": auto["s_per_1k"] / fastest["s_per_1k"],
+        "wall_ok": auto["s_per_1k"] <= (1 + WALL_SLACK) * fastest["s_per_1k"],
+    }
 
 
 def plot(run_dirs: list[Path], path: Path) -> bool:
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -77,10 +108,14 @@ def plot(run_dirs: list[Path], path: Path) -> bool:
         rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
         rows = [r for r in rows if "algorithm/H" in r]
         n_step = OmegaConf.load(d / "config.yaml").algorithm.n_step
-        start = [r["samples"] - r["algorithm/H"] * n_step for r in rows]       # samples before the round
+        start = [r["samples"] - r["algorithm/H"] * n_step for r in rows]  # samples before the round
         label = d.name.rsplit("_", 1)[-1]
-        ax_h.step(start + [rows[-1]["samples"]], [r["algorithm/H"] for r in rows] + [rows[-1]["algorithm/H"]],
-                  where="post", label=label)
+        ax_h.step(
+            start + [rows[-1]["samples"]],
+            [r["algorithm/H"] for r in rows] + [rows[-1]["algorithm/H"]],
+            where="post",
+            label=label,
+        )
         ax_e.plot([r["samples"] for r in rows], [r["algorithm/ess_last"] for r in rows], marker=".", label=label)
     ax_h.set_ylabel("H of the round")
     ax_h.set_yscale("log", base=2)
@@ -101,19 +136,29 @@ def main() -> None:
         sys.exit(f"{args.out / 'runs.csv'} has no RAPID H=auto runs: run tools/bench_rl.py with --h ... auto")
     table = summarize(rows)
     v = verdict(table)
-    lines = [f"# H = auto against fixed H ({args.out.name})", "",
-             "Mean over seeds; accuracy ± the 95% confidence interval's half-width; wall seconds per 1,000 samples "
-             "of the training loop; mean rounds and unused samples (early stops) per run.", "",
-             "| method | seeds | accuracy | s / 1k samples | rounds | unused samples |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# H = auto against fixed H ({args.out.name})",
+        "",
+        "Mean over seeds; accuracy ± the 95% confidence interval's half-width; wall seconds per 1,000 samples "
+        "of the training loop; mean rounds and unused samples (early stops) per run.",
+        "",
+        "| method | seeds | accuracy | s / 1k samples | rounds | unused samples |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for m in table:
         rounds = "—" if m["rounds"] is None else f"{m['rounds']:.1f}"
-        lines.append(f"| {m['method']} | {m['seeds']} | {m['accuracy']:.3f} ± {m['ci']:.3f} | {m['s_per_1k']:.1f} | "
-                     f"{rounds} | {m['unused']:.0f} |")
-    lines += ["", f"Best fixed H: {v['best']} ({v['best_accuracy']:.3f} ± {v['best_ci']:.3f}); the fastest fixed H "
-              f"within its interval: {v['fastest']} ({v['fastest_s_per_1k']:.1f} s / 1k samples).",
-              f"H = auto: accuracy {v['auto_accuracy']:.3f} ({'within' if v['accuracy_ok'] else 'outside'} the best's "
-              f"interval), wall time {v['wall_ratio']:.2f}x the fastest ({'within' if v['wall_ok'] else 'above'} "
-              f"the {1 + WALL_SLACK:.2f}x target)."]
+        lines.append(
+            f"| {m['method']} | {m['seeds']} | {m['accuracy']:.3f} ± {m['ci']:.3f} | {m['s_per_1k']:.1f} | "
+            f"{rounds} | {m['unused']:.0f} |"
+        )
+    lines += [
+        "",
+        f"Best fixed H: {v['best']} ({v['best_accuracy']:.3f} ± {v['best_ci']:.3f}); the fastest fixed H "
+        f"within its interval: {v['fastest']} ({v['fastest_s_per_1k']:.1f} s / 1k samples).",
+        f"H = auto: accuracy {v['auto_accuracy']:.3f} ({'within' if v['accuracy_ok'] else 'outside'} the best's "
+        f"interval), wall time {v['wall_ratio']:.2f}x the fastest ({'within' if v['wall_ok'] else 'above'} "
+        f"the {1 + WALL_SLACK:.2f}x target).",
+    ]
     auto_dirs = sorted((args.out / "runs").glob("rapid_hauto_s*/"))
     if auto_dirs and plot(auto_dirs, args.out / "auto_h.png"):
         lines += ["", "![H chosen per round](auto_h.png)"]

@@ -7,6 +7,7 @@ to experiments/results/bench_policy.md.
 
     python tools/bench_policy.py --groups 4 --n 8 --prompt-len 60 --completion-len 8
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,7 +46,7 @@ def main() -> None:
         for share in (False, True):
             policy = CompletionLogprobs(model, 1.0, share)
             times = []
-            for _ in range(args.repeats + 1):          # the first call warms up
+            for _ in range(args.repeats + 1):  # the first call warms up
                 t = time.perf_counter()
                 with autocast(torch.device("cpu"), dtype):
                     logp = policy(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
@@ -55,7 +56,7 @@ def main() -> None:
             best = min(times[1:])
             rows.append((str(dtype).removeprefix("torch."), share, best, len(records) / best))
     steps = []
-    for fused in (False, True):                        # the optimizer step over every parameter, fp32
+    for fused in (False, True):  # the optimizer step over every parameter, fp32
         for param in model.parameters():
             param.grad = torch.randn_like(param) * 1e-3
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=fused)
@@ -66,14 +67,23 @@ def main() -> None:
             times.append(time.perf_counter() - t)
         steps.append(("fused" if fused else "multi-tensor (default)", min(times[1:])))
     base = rows[0][2]
-    lines = [f"Policy forward+backward, {args.groups} groups x {args.n} completions, prompt {args.prompt_len} "
-             f"tokens, completion {args.completion_len} tokens, SmolLM2-135M, {torch.get_num_threads()} threads "
-             f"(best of {args.repeats}).", "",
-             "| dtype | shared prompt | seconds | sequences/s | speed-up vs fp32 full rows |", "|---|---|---|---|---|"]
+    lines = [
+        f"Policy forward+backward, {args.groups} groups x {args.n} completions, prompt {args.prompt_len} "
+        f"tokens, completion {args.completion_len} tokens, SmolLM2-135M, {torch.get_num_threads()} threads "
+        f"(best of {args.repeats}).",
+        "",
+        "| dtype | shared prompt | seconds | sequences/s | speed-up vs fp32 full rows |",
+        "|---|---|---|---|---|",
+    ]
     lines += [f"| {d} | {s} | {t:.2f} | {r:.1f} | {base / t:.2f}x |" for d, s, t, r in rows]
     n_params = sum(q.numel() for q in model.parameters()) / 1e6
-    lines += ["", f"AdamW step over {n_params:.0f}M fp32 parameters (best of {args.repeats}).", "",
-              "| AdamW | seconds per step |", "|---|---|"]
+    lines += [
+        "",
+        f"AdamW step over {n_params:.0f}M fp32 parameters (best of {args.repeats}).",
+        "",
+        "| AdamW | seconds per step |",
+        "|---|---|",
+    ]
     lines += [f"| {name} | {t:.3f} |" for name, t in steps]
     text = "\n".join(lines) + "\n"
     print(text)

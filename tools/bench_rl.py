@@ -38,6 +38,7 @@ Python) is in it.
 Results: <out>/bench_rl.md and bench_rl.csv (medians), runs.csv (every run), bench_rl_meta.json (the
 command, the CPU model and its vector extensions), cost_model.json, runs/<method>_s<seed>/.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,14 @@ def fixed_h(hs: list) -> list[int]:
 
 
 def method_list(hs: list[int], grpo: bool, trl: bool) -> list[dict]:
-    methods = [{"name": "PG" if h == "1" else f"RAPID H={h}", "key": f"rapid_h{h}",
-                "overrides": ["algorithm=rapid", f"algorithm.H={h}"]} for h in map(str, hs)]
+    methods = [
+        {
+            "name": "PG" if h == "1" else f"RAPID H={h}",
+            "key": f"rapid_h{h}",
+            "overrides": ["algorithm=rapid", f"algorithm.H={h}"],
+        }
+        for h in map(str, hs)
+    ]
     if grpo:
         methods.append({"name": "GRPO", "key": "grpo", "overrides": ["algorithm=grpo"]})
     if trl:
@@ -82,26 +89,51 @@ def composed(overrides: list[str]):
         return compose("config", overrides=overrides)
 
 
-def run_method(method: dict, seed: int, samples: int, common: list[str], out: Path, nproc: int, floors: bool,
-               reuse: bool = False, eval_every_samples: int = 0, report_only: bool = False) -> dict | None:
+def run_method(
+    method: dict,
+    seed: int,
+    samples: int,
+    common: list[str],
+    out: Path,
+    nproc: int,
+    floors: bool,
+    reuse: bool = False,
+    eval_every_samples: int = 0,
+    report_only: bool = False,
+) -> dict | None:
     cfg = composed(common + method["overrides"])
-    auto = cfg.algorithm.H == "auto"            # H=auto: a sample budget, evaluations every so many samples
+    auto = cfg.algorithm.H == "auto"  # H=auto: a sample budget, evaluations every so many samples
     per_round = cfg.algorithm.n_step if auto else cfg.algorithm.H * cfg.algorithm.n_step
     if samples % per_round or eval_every_samples % per_round:
-        raise SystemExit(f"--samples {samples} and --eval-every-samples {eval_every_samples} must be multiples of "
-                         f"{method['name']}'s {per_round} samples per round")
+        raise SystemExit(
+            f"--samples {samples} and --eval-every-samples {eval_every_samples} must be multiples of "
+            f"{method['name']}'s {per_round} samples per round"
+        )
     run_dir = out / "runs" / f"{method['key']}_s{seed}"
-    length = [f"samples={samples}", "eval.every=0", f"eval.every_samples={eval_every_samples}"] if auto else \
-        [f"rounds={samples // per_round}", f"eval.every={eval_every_samples // per_round}"]
-    args = [*common, *method["overrides"], *length, f"seed={seed}",
-            "ckpt.every=0", "logger.progress=false", f"logger.rollouts={str(floors).lower()}"]
+    length = (
+        [f"samples={samples}", "eval.every=0", f"eval.every_samples={eval_every_samples}"]
+        if auto
+        else [f"rounds={samples // per_round}", f"eval.every={eval_every_samples // per_round}"]
+    )
+    args = [
+        *common,
+        *method["overrides"],
+        *length,
+        f"seed={seed}",
+        "ckpt.every=0",
+        "logger.progress=false",
+        f"logger.rollouts={str(floors).lower()}",
+    ]
     if method.get("trl"):
         cmd = [sys.executable, str(REPO / "tools" / "trl_grpo.py"), "--out", str(run_dir), *args]
         if nproc > 1:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *cmd[1:]]
     else:
-        entry = ["-m", "rapid.train"] if nproc == 1 else \
-            ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "rapid.train"]
+        entry = (
+            ["-m", "rapid.train"]
+            if nproc == 1
+            else ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "rapid.train"]
+        )
         cmd = [sys.executable, *entry, *args, f"hydra.run.dir={run_dir}"]
     done = reuse and (run_dir / "summary.json").exists() and (not floors or (run_dir / "floors.json").exists())
     if report_only:
@@ -118,30 +150,44 @@ def run_method(method: dict, seed: int, samples: int, common: list[str], out: Pa
         if proc.returncode != 0:
             raise SystemExit(f"{method['name']} failed (exit {proc.returncode}); see {log}")
     summary = json.loads((run_dir / "summary.json").read_text())
-    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)    # the final model is not needed here
-    row = {"method": method["name"], "seed": seed, "samples": summary["samples"], "rounds": summary.get("rounds"),
-           "unused_samples": summary.get("unused_samples", 0),
-           "process_s": None if done else time.perf_counter() - t0, **result_row(summary), **run_facts(run_dir, summary)}
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the final model is not needed here
+    row = {
+        "method": method["name"],
+        "seed": seed,
+        "samples": summary["samples"],
+        "rounds": summary.get("rounds"),
+        "unused_samples": summary.get("unused_samples", 0),
+        "process_s": None if done else time.perf_counter() - t0,
+        **result_row(summary),
+        **run_facts(run_dir, summary),
+    }
     print(f"    {row['s_per_1k']:.1f} s per 1000 samples, accuracy {row['accuracy_after']:.3f}", flush=True)
     if floors:
         if not done:
             measure_floors_in_subprocess(run_dir, out)
         floors = json.loads((run_dir / "floors.json").read_text())
         row |= {k: floors[k] for k in ("generate_floor_s", "train_floor_s", "overhead", "sync_share", "padding_frac")}
-        row |= {"generate_vs_floor": floors["generate_s"] / floors["generate_floor_s"],
-                "train_vs_floor": floors["train_s"] / floors["train_floor_s"]}
+        row |= {
+            "generate_vs_floor": floors["generate_s"] / floors["generate_floor_s"],
+            "train_vs_floor": floors["train_s"] / floors["train_floor_s"],
+        }
     return row
 
 
 def result_row(summary: dict) -> dict:
-    wall = summary.get("time/rounds_s_total", summary["time/total_s"])   # TRL: trainer.train()
+    wall = summary.get("time/rounds_s_total", summary["time/total_s"])  # TRL: trainer.train()
     per_k = 1000 / summary["samples"]
-    row = {"wall_s": wall, "s_per_1k": wall * per_k,
-           "accuracy_before": summary.get("eval/accuracy_before"), "accuracy_after": summary["eval/accuracy_after"]}
+    row = {
+        "wall_s": wall,
+        "s_per_1k": wall * per_k,
+        "accuracy_before": summary.get("eval/accuracy_before"),
+        "accuracy_after": summary["eval/accuracy_after"],
+    }
     for p in PHASES:
         row[f"{p}_s_per_1k"] = summary.get(f"time/{p}_s_total", 0.0) * per_k
-    row["peak_rss_mib"] = max([v for k, v in summary.items() if k.endswith("rss_mib_max")] +
-                              [summary.get("peak_rss_mib", 0.0)])
+    row["peak_rss_mib"] = max(
+        [v for k, v in summary.items() if k.endswith("rss_mib_max")] + [summary.get("peak_rss_mib", 0.0)]
+    )
     row["peak_cuda_mib"] = max([v for k, v in summary.items() if k.endswith("cuda_reserved_mib_max")] or [0.0])
     return row
 
@@ -171,14 +217,20 @@ def run_facts(run_dir: Path, summary: dict) -> dict:
 
 def measure_floors_in_subprocess(run_dir: Path, out: Path) -> None:
     print(f"    floors of {run_dir.name} (fresh process)", flush=True)
-    proc = subprocess.run([sys.executable, __file__, "--floors", str(run_dir)], cwd=REPO, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--floors", str(run_dir)],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     (out / "runs" / f"{run_dir.name}_floors.log").write_text(proc.stdout)
     if proc.returncode != 0:
         raise SystemExit(f"floor measurement failed; see {out / 'runs' / (run_dir.name + '_floors.log')}")
 
 
 # ------------------------------------------------------------------------------------------- floors
+
 
 def measure_floors(run_dir: Path) -> dict:
     """Generation and training floors of a finished run, on its own requests and minibatches."""
@@ -190,9 +242,8 @@ def measure_floors(run_dir: Path) -> dict:
     from rapid.models import load_model_and_tokenizer
     from rapid.policy import CompletionLogprobs, autocast
     from rapid.sampler import VLLMSampler, make_sampler
-    from rapid.seeding import derive_seed
+    from rapid.seeding import BUFFER_STREAM, derive_seed
     from rapid.tasks import load_splits
-    from rapid.seeding import BUFFER_STREAM
 
     cfg = OmegaConf.load(run_dir / "config.yaml")
     if cfg.sampler.name != "vllm":
@@ -211,38 +262,61 @@ def measure_floors(run_dir: Path) -> dict:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
-                                  weight_decay=cfg.optim.weight_decay, fused=True)   # as rapid.train's
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.optim.lr,
+        betas=tuple(cfg.optim.betas),
+        weight_decay=cfg.optim.weight_decay,
+        fused=True,
+    )  # as rapid.train's
     policy = CompletionLogprobs(model, cfg.sampler.temperature, share_prompt=not cfg.model.gradient_checkpointing)
     a = cfg.algorithm
-    world = json.loads((run_dir / "meta.json").read_text())["world_size"]   # rank 0's share of each round
+    world = json.loads((run_dir / "meta.json").read_text())["world_size"]  # rank 0's share of each round
 
     def generate(requests):
         prompts = [TokensPrompt(prompt_token_ids=train_prompts[r["prompt_index"]]) for r in requests]
-        params = [SamplingParams(n=1, temperature=cfg.sampler.temperature, max_tokens=max(1, len(r["completion_ids"])),
-                                 min_tokens=max(1, len(r["completion_ids"])), ignore_eos=True, logprobs=0)
-                  for r in requests]
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=cfg.sampler.temperature,
+                max_tokens=max(1, len(r["completion_ids"])),
+                min_tokens=max(1, len(r["completion_ids"])),
+                ignore_eos=True,
+                logprobs=0,
+            )
+            for r in requests
+        ]
         sampler.llm.generate(prompts, params, use_tqdm=False)
 
     by_round: dict[int, list[dict]] = {}
     for r in rows:
         by_round.setdefault(r["round"], []).append(r)
-    generate(by_round[1][:8])                                         # warm-up, untimed
+    generate(by_round[1][:8])  # warm-up, untimed
     per_round, padded, total = [], 0, 0
     for round_, requests in sorted(by_round.items()):
         t0 = time.perf_counter()
         generate(requests)
         gen_s = time.perf_counter() - t0
-        records = [Rollout(prompt_ids=train_prompts[r["prompt_index"]], completion_ids=r["completion_ids"],
-                           logp_mu=[0.0] * len(r["completion_ids"]), reward=r["reward"], group_id=r["group"],
-                           truncated=r["truncated"]) for r in requests]
+        records = [
+            Rollout(
+                prompt_ids=train_prompts[r["prompt_index"]],
+                completion_ids=r["completion_ids"],
+                logp_mu=[0.0] * len(r["completion_ids"]),
+                reward=r["reward"],
+                group_id=r["group"],
+                truncated=r["truncated"],
+            )
+            for r in requests
+        ]
         buffer = ReplayBuffer()
         buffer.add(records)
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, BUFFER_STREAM, round_ - 1))
         minibatches = []
         for mb in [m for _ in range(a.num_iterations) for m in buffer.minibatches(a.n_step // world, shuffle)]:
-            chunks = [collate(mb[i:i + cfg.train.micro_batch], sampler.pad_id).to(device)
-                      for i in range(0, len(mb), cfg.train.micro_batch)]
+            chunks = [
+                collate(mb[i : i + cfg.train.micro_batch], sampler.pad_id).to(device)
+                for i in range(0, len(mb), cfg.train.micro_batch)
+            ]
             minibatches.append(chunks)
             for b in chunks:
                 padded += int((~b.prompt_mask.bool()).sum() + (~b.completion_mask).sum())
@@ -266,18 +340,25 @@ def measure_floors(run_dir: Path) -> dict:
     gen = sum(r["generate_floor_s"] for r in per_round) / n_rounds
     train = sum(r["train_floor_s"] for r in per_round) / n_rounds
     round_s = sum(m["time/round_s"] for m in rounds) / len(rounds)
-    floors = {"rounds": n_rounds, "generate_floor_s": gen, "train_floor_s": train, "round_s": round_s,
-              "overhead": round_s / (gen + train),
-              "generate_s": sum(m["time/generate_s"] for m in rounds) / len(rounds),
-              "train_s": sum(m["time/train_s"] for m in rounds) / len(rounds),
-              "sync_share": sum(m["time/sync_s"] for m in rounds) / sum(m["time/round_s"] for m in rounds),
-              "padding_frac": padded / max(total, 1), "per_round": per_round}
+    floors = {
+        "rounds": n_rounds,
+        "generate_floor_s": gen,
+        "train_floor_s": train,
+        "round_s": round_s,
+        "overhead": round_s / (gen + train),
+        "generate_s": sum(m["time/generate_s"] for m in rounds) / len(rounds),
+        "train_s": sum(m["time/train_s"] for m in rounds) / len(rounds),
+        "sync_share": sum(m["time/sync_s"] for m in rounds) / sum(m["time/round_s"] for m in rounds),
+        "padding_frac": padded / max(total, 1),
+        "per_round": per_round,
+    }
     (run_dir / "floors.json").write_text(json.dumps(floors, indent=2))
     print(json.dumps({k: v for k, v in floors.items() if k != "per_round"}, indent=2))
     return floors
 
 
 # ------------------------------------------------------------------------------------------- statistics
+
 
 def bootstrap_replicates(per_seed: list[list[int]], n_boot: int = 10_000, seed: int = 0):
     """Replicates of the mean over seeds of held-out accuracy under a two-level bootstrap: each replicate
@@ -292,7 +373,7 @@ def bootstrap_replicates(per_seed: list[list[int]], n_boot: int = 10_000, seed: 
         raise ValueError("the bootstrap needs at least one seed with at least one problem")
     stats = np.empty(n_boot)
     seeds = rng.integers(0, S, (n_boot, S))
-    if len({len(a) for a in arrays}) == 1:       # vectorised, in blocks to bound memory
+    if len({len(a) for a in arrays}) == 1:  # vectorised, in blocks to bound memory
         M, N = np.stack(arrays), len(arrays[0])
         for lo in range(0, n_boot, 1000):
             hi = min(lo + 1000, n_boot)
@@ -304,8 +385,9 @@ def bootstrap_replicates(per_seed: list[list[int]], n_boot: int = 10_000, seed: 
     return stats
 
 
-def bootstrap_accuracy(per_seed: list[list[int]], n_boot: int = 10_000, level: float = 0.95,
-                       seed: int = 0) -> tuple[float, float, float]:
+def bootstrap_accuracy(
+    per_seed: list[list[int]], n_boot: int = 10_000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float, float]:
     """(mean over seeds of accuracy, low, high): the (1 - level) / 2 and (1 + level) / 2 percentiles of
     `bootstrap_replicates`."""
     import numpy as np
@@ -347,6 +429,7 @@ def accuracy_interval(group: list[dict]) -> dict:
 
 # ------------------------------------------------------------------------------------------- cost model
 
+
 def cost_model_module():
     spec = importlib.util.spec_from_file_location("cost_model", REPO / "tools" / "cost_model.py")
     module = importlib.util.module_from_spec(spec)
@@ -387,17 +470,24 @@ def predict_runs(rows: list[dict], cm: dict, lengths_from: Path | None = None) -
     for row in rows:
         run_dir = Path(row.get("run_dir", ""))
         if row.get("completion_len") is None or not (run_dir / "config.yaml").exists():
-            continue                                      # TRL: not modelled
+            continue  # TRL: not modelled
         meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
         cfg = OmegaConf.load(run_dir / "config.yaml")
         a = cfg.algorithm
         if meta.get("world_size", 1) > 1 or a.get("dynamic_sampling", False) or a.H == "auto":
-            continue                                      # one process, a fixed number of samples per round
-        pred = model.predict(cm, H=a.H, n_step=a.n_step, n_group=a.n_group, micro_batch=cfg.train.micro_batch,
-                             completion_len=row["completion_len"],
-                             length_groups=rollout_length_groups(run_dir) or shared, passes=a.num_iterations,
-                             reference=a.loss == "grpo" and a.get("kl_coef", 0) > 0,
-                             recompute=a.behavior_logprobs == "recompute")
+            continue  # one process, a fixed number of samples per round
+        pred = model.predict(
+            cm,
+            H=a.H,
+            n_step=a.n_step,
+            n_group=a.n_group,
+            micro_batch=cfg.train.micro_batch,
+            completion_len=row["completion_len"],
+            length_groups=rollout_length_groups(run_dir) or shared,
+            passes=a.num_iterations,
+            reference=a.loss == "grpo" and a.get("kl_coef", 0) > 0,
+            recompute=a.behavior_logprobs == "recompute",
+        )
         row["predicted_s_per_1k"] = 1000 * pred["total"]
         row |= {f"predicted_{p}_s_per_1k": 1000 * pred[p] for p in model.PHASES}
 
@@ -414,10 +504,20 @@ def cost_model_for(args, overrides: list[str], rows: list[dict], n_inferences: l
     if not lengths or not n_inferences:
         return None
     largest = max(n_inferences)
-    sizes = sorted({2 ** k for k in range(largest.bit_length()) if 2 ** k <= largest} | set(n_inferences))
-    cmd = [sys.executable, str(REPO / "tools" / "cost_model.py"), *overrides, "--completion-len",
-           f"{sum(lengths) / len(lengths):.1f}", "--sizes", *map(str, sizes), "--h", *map(str, fixed_h(args.h)),
-           "--out", str(path)]
+    sizes = sorted({2**k for k in range(largest.bit_length()) if 2**k <= largest} | set(n_inferences))
+    cmd = [
+        sys.executable,
+        str(REPO / "tools" / "cost_model.py"),
+        *overrides,
+        "--completion-len",
+        f"{sum(lengths) / len(lengths):.1f}",
+        "--sizes",
+        *map(str, sizes),
+        "--h",
+        *map(str, fixed_h(args.h)),
+        "--out",
+        str(path),
+    ]
     print(f"\n=== cost model: {' '.join(cmd[1:])}", flush=True)
     log = args.out / "runs" / "cost_model.log"
     with log.open("w") as f:
@@ -429,6 +529,7 @@ def cost_model_for(args, overrides: list[str], rows: list[dict], n_inferences: l
 
 # ------------------------------------------------------------------------------------------- report
 
+
 def medians(rows: list[dict]) -> list[dict]:
     out = []
     for name in dict.fromkeys(r["method"] for r in rows):
@@ -439,8 +540,11 @@ def medians(rows: list[dict]) -> list[dict]:
                 values = [g[key] for g in group if g.get(key) is not None]
                 med[key] = statistics.median(values) if values else None
         walls = [g["s_per_1k"] for g in group]
-        med |= {"s_per_1k_min": min(walls), "s_per_1k_max": max(walls),
-                "s_per_1k_std": statistics.stdev(walls) if len(walls) > 1 else None}
+        med |= {
+            "s_per_1k_min": min(walls),
+            "s_per_1k_max": max(walls),
+            "s_per_1k_std": statistics.stdev(walls) if len(walls) > 1 else None,
+        }
         med |= accuracy_interval(group)
         if med.get("predicted_s_per_1k") is not None:
             med["prediction_error"] = med["predicted_s_per_1k"] / med["s_per_1k"] - 1
@@ -460,8 +564,11 @@ def fmt(x, spec=".1f") -> str:
 def interval(m: dict) -> str:
     if m.get("accuracy_mean") is None:
         return "—"
-    note = {"bootstrap over seeds and problems": "", "binomial (Wilson), seeds pooled": " b",
-            "bootstrap over seeds": " s"}[m["accuracy_ci"]]
+    note = {
+        "bootstrap over seeds and problems": "",
+        "binomial (Wilson), seeds pooled": " b",
+        "bootstrap over seeds": " s",
+    }[m["accuracy_ci"]]
     return f"{m['accuracy_mean']:.3f} [{m['accuracy_ci_low']:.3f}, {m['accuracy_ci_high']:.3f}]{note}"
 
 
@@ -472,107 +579,170 @@ def signed_percent(x) -> str:
 def report(rows: list[dict], meta: dict, out: Path, cm: dict | None = None) -> str:
     table = medians(rows)
     machine = meta.get("machine")
-    lines = [f"# RL wall time side by side ({meta['device']})", "",
-             f"`{meta['command']}`", "",
-             f"{meta['samples']} samples per method, seeds {meta['seeds']} (medians); overrides: "
-             f"`{' '.join(meta['overrides']) or '(defaults)'}`; {meta['date']}, git {meta['git']}."
-             + (f" {cost_model_module().machine_line(machine)}." if machine else ""),
-             "Seconds per 1,000 samples of the training loop (model loading, engine start-up and evaluation "
-             "excluded), the median over seeds and their min-max; *predicted*: the cost model's prediction for the "
-             "run's (H, n_step, n_group) at its own mean completion length (tools/cost_model.py; TRL is not "
-             "modelled), *error*: predicted / measured - 1. Accuracy is held-out greedy accuracy after training: "
-             "the median, then the mean with its 95% bootstrap interval over seeds and problems (b: a Wilson "
-             "interval on the correct answers pooled over seeds, where per-problem outcomes were not recorded; "
-             "s: a bootstrap over seeds only). Ratios are between the medians; every run is in runs.csv.", "",
-             "| method | s / 1k samples | min-max | predicted | error | generate | reward | recompute | train | sync | other "
-             "| accuracy | mean [95% CI] | vs PG | vs TRL | peak RSS MiB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# RL wall time side by side ({meta['device']})",
+        "",
+        f"`{meta['command']}`",
+        "",
+        f"{meta['samples']} samples per method, seeds {meta['seeds']} (medians); overrides: "
+        f"`{' '.join(meta['overrides']) or '(defaults)'}`; {meta['date']}, git {meta['git']}."
+        + (f" {cost_model_module().machine_line(machine)}." if machine else ""),
+        "Seconds per 1,000 samples of the training loop (model loading, engine start-up and evaluation "
+        "excluded), the median over seeds and their min-max; *predicted*: the cost model's prediction for the "
+        "run's (H, n_step, n_group) at its own mean completion length (tools/cost_model.py; TRL is not "
+        "modelled), *error*: predicted / measured - 1. Accuracy is held-out greedy accuracy after training: "
+        "the median, then the mean with its 95% bootstrap interval over seeds and problems (b: a Wilson "
+        "interval on the correct answers pooled over seeds, where per-problem outcomes were not recorded; "
+        "s: a bootstrap over seeds only). Ratios are between the medians; every run is in runs.csv.",
+        "",
+        "| method | s / 1k samples | min-max | predicted | error | generate | reward | recompute | train | sync | other "
+        "| accuracy | mean [95% CI] | vs PG | vs TRL | peak RSS MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for m in table:
-        lines.append(f"| {m['method']} | {fmt(m['s_per_1k'])} | {fmt(m['s_per_1k_min'])}-{fmt(m['s_per_1k_max'])} | "
-                     f"{fmt(m.get('predicted_s_per_1k'))} | {signed_percent(m.get('prediction_error'))} | " +
-                     " | ".join(fmt(m.get(f"{p}_s_per_1k")) for p in PHASES) +
-                     f" | {fmt(m['accuracy_after'], '.3f')} | {interval(m)} | {fmt(m['vs_pg'], '.2f')} | "
-                     f"{fmt(m['vs_trl'], '.2f')} | {fmt(m.get('peak_rss_mib'), '.0f')} |")
+        lines.append(
+            f"| {m['method']} | {fmt(m['s_per_1k'])} | {fmt(m['s_per_1k_min'])}-{fmt(m['s_per_1k_max'])} | "
+            f"{fmt(m.get('predicted_s_per_1k'))} | {signed_percent(m.get('prediction_error'))} | "
+            + " | ".join(fmt(m.get(f"{p}_s_per_1k")) for p in PHASES)
+            + f" | {fmt(m['accuracy_after'], '.3f')} | {interval(m)} | {fmt(m['vs_pg'], '.2f')} | "
+            f"{fmt(m['vs_trl'], '.2f')} | {fmt(m.get('peak_rss_mib'), '.0f')} |"
+        )
     predicted = [m for m in table if m.get("predicted_s_per_1k") is not None]
     if predicted:
-        lines += ["", "Cost model, predicted / measured seconds per 1,000 samples (medians over seeds):", "",
-                  "| method | generate | train | sync | reward | recompute | total | error |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "Cost model, predicted / measured seconds per 1,000 samples (medians over seeds):",
+            "",
+            "| method | generate | train | sync | reward | recompute | total | error |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for m in predicted:
-            lines.append(f"| {m['method']} | " + " | ".join(
-                f"{fmt(m.get(f'predicted_{p}_s_per_1k'))} / {fmt(m.get(f'{p}_s_per_1k'))}"
-                for p in ("generate", "train", "sync", "reward", "recompute")) +
-                f" | {fmt(m['predicted_s_per_1k'])} / {fmt(m['s_per_1k'])} | {signed_percent(m['prediction_error'])} |")
+            lines.append(
+                f"| {m['method']} | "
+                + " | ".join(
+                    f"{fmt(m.get(f'predicted_{p}_s_per_1k'))} / {fmt(m.get(f'{p}_s_per_1k'))}"
+                    for p in ("generate", "train", "sync", "reward", "recompute")
+                )
+                + f" | {fmt(m['predicted_s_per_1k'])} / {fmt(m['s_per_1k'])} | {signed_percent(m['prediction_error'])} |"
+            )
         if cm:
             c = cm["config"]
-            lines += ["", f"Measured by `{cm.get('command', 'tools/cost_model.py')}` ({cm.get('date', '')}): "
-                      f"{c['model']} {c['dtype']}, prompts {cm['prompt_len_mean']:.0f} tokens, completions "
-                      f"{cm['completion_len']} tokens, engine calls of {', '.join(map(str, cm['generation']['sizes']))} "
-                      f"sequences; {cost_model_module().machine_line(cm['machine'])}. Completion lengths are drawn, whole "
-                      "groups, from each run's own rollouts.jsonl, else " +
-                      (f"from {Path(cm['length_groups_from']).name}'s, rescaled to the run's mean."
-                       if cm.get("length_groups_from") else "every completion is taken at the run's mean length "
-                       "(no run logged rollouts: calls and micro-batches, as long as their longest completion, "
-                       "are then understated).")]
+            lines += [
+                "",
+                f"Measured by `{cm.get('command', 'tools/cost_model.py')}` ({cm.get('date', '')}): "
+                f"{c['model']} {c['dtype']}, prompts {cm['prompt_len_mean']:.0f} tokens, completions "
+                f"{cm['completion_len']} tokens, engine calls of {', '.join(map(str, cm['generation']['sizes']))} "
+                f"sequences; {cost_model_module().machine_line(cm['machine'])}. Completion lengths are drawn, whole "
+                "groups, from each run's own rollouts.jsonl, else "
+                + (
+                    f"from {Path(cm['length_groups_from']).name}'s, rescaled to the run's mean."
+                    if cm.get("length_groups_from")
+                    else "every completion is taken at the run's mean length "
+                    "(no run logged rollouts: calls and micro-batches, as long as their longest completion, "
+                    "are then understated)."
+                ),
+            ]
             if cm.get("recommendation"):
                 lines += ["", cm["recommendation"]]
     floors = next((m for m in table if m.get("overhead") is not None), None)
     if floors:
-        lines += ["", f"Floors of {floors['method']} per round (medians): generation {floors['generate_floor_s']:.2f} s "
-                  f"(bare engine, same requests and lengths), training {floors['train_floor_s']:.2f} s (same minibatches: "
-                  f"forward, backward, step), overhead = round / (sum of floors) = **{floors['overhead']:.3f}**; "
-                  f"the loop's generate phase is {floors['generate_vs_floor']:.2f}x its floor and its train phase "
-                  f"{floors['train_vs_floor']:.2f}x; weight sync {100 * floors['sync_share']:.2f}% of round time; padding "
-                  f"{100 * floors['padding_frac']:.1f}% of the training positions. The generation floor sends every "
-                  "completion as its own request (n = 1, its length forced), which the engine may serve more slowly "
-                  "than the loop's n_group completions per request; the training floor is tight."]
+        lines += [
+            "",
+            f"Floors of {floors['method']} per round (medians): generation {floors['generate_floor_s']:.2f} s "
+            f"(bare engine, same requests and lengths), training {floors['train_floor_s']:.2f} s (same minibatches: "
+            f"forward, backward, step), overhead = round / (sum of floors) = **{floors['overhead']:.3f}**; "
+            f"the loop's generate phase is {floors['generate_vs_floor']:.2f}x its floor and its train phase "
+            f"{floors['train_vs_floor']:.2f}x; weight sync {100 * floors['sync_share']:.2f}% of round time; padding "
+            f"{100 * floors['padding_frac']:.1f}% of the training positions. The generation floor sends every "
+            "completion as its own request (n = 1, its length forced), which the engine may serve more slowly "
+            "than the loop's n_group completions per request; the training floor is tight.",
+        ]
     if rows and rows[0].get("accuracy_before") is not None:
         lines += ["", f"Accuracy before training: {rows[0]['accuracy_before']:.3f}."]
     text = "\n".join(lines) + "\n"
     (out / "bench_rl.md").write_text(text)
     for name, data in (("bench_rl.csv", table), ("runs.csv", rows)):
-        data = [{k: v for k, v in r.items() if not isinstance(v, list)} for r in data]   # per-problem outcomes stay out
+        data = [{k: v for k, v in r.items() if not isinstance(v, list)} for r in data]  # per-problem outcomes stay out
         keys = list(dict.fromkeys(k for r in data for k in r))
         with (out / name).open("w", newline="") as f:
             writer = csv.DictWriter(f, keys)
             writer.writeheader()
             writer.writerows(data)
-    (out / "bench_rl_meta.json").write_text(json.dumps(
-        {**meta, "cost_model": str(out / "cost_model.json") if cm else None,
-         "accuracy_interval": {m["method"]: m.get("accuracy_ci") for m in table}}, indent=2))
+    (out / "bench_rl_meta.json").write_text(
+        json.dumps(
+            {
+                **meta,
+                "cost_model": str(out / "cost_model.json") if cm else None,
+                "accuracy_interval": {m["method"]: m.get("accuracy_ci") for m in table},
+            },
+            indent=2,
+        )
+    )
     return text
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("overrides", nargs="*", help="Hydra overrides given to every method (model=..., task=...)")
     p.add_argument("--samples", type=int, default=512, help="training samples per method (a multiple of 16 * n_step)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--h", type=lambda x: x if x == "auto" else int(x), nargs="+", default=[1, 2, 4, 8, 16],
-                   help="the H of the RAPID runs (1 = PG; auto = chosen every round, rapid/adaptive_h.py)")
+    p.add_argument(
+        "--h",
+        type=lambda x: x if x == "auto" else int(x),
+        nargs="+",
+        default=[1, 2, 4, 8, 16],
+        help="the H of the RAPID runs (1 = PG; auto = chosen every round, rapid/adaptive_h.py)",
+    )
     p.add_argument("--no-grpo", action="store_true")
     p.add_argument("--no-trl", action="store_true")
     p.add_argument("--no-floors", action="store_true", help="skip the floors of the RAPID H = 8 run")
-    p.add_argument("--reuse", action="store_true",
-                   help="keep the runs already in --out (add seeds to a finished benchmark, or finish an interrupted one)")
-    p.add_argument("--report-only", action="store_true",
-                   help="run nothing: report over the runs of these methods and seeds already in --out")
-    p.add_argument("--eval-every-samples", type=int, default=0,
-                   help="also evaluate every this many training samples (untimed; 0: before and after training only)")
+    p.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the runs already in --out (add seeds to a finished benchmark, or finish an interrupted one)",
+    )
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: report over the runs of these methods and seeds already in --out",
+    )
+    p.add_argument(
+        "--eval-every-samples",
+        type=int,
+        default=0,
+        help="also evaluate every this many training samples (untimed; 0: before and after training only)",
+    )
     p.add_argument("--nproc", type=int, default=1, help="processes (GPUs) per run, launched with torchrun")
-    p.add_argument("--throughput-only", action="store_true",
-                   help="Qwen2.5-0.5B's architecture with random weights, completions of exactly task.max_new_tokens")
+    p.add_argument(
+        "--throughput-only",
+        action="store_true",
+        help="Qwen2.5-0.5B's architecture with random weights, completions of exactly task.max_new_tokens",
+    )
     p.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "bench_rl_cpu")
     p.add_argument("--floors", type=Path, help="only measure the floors of this run directory")
-    p.add_argument("--cost-model", type=Path, help="predict from this tools/cost_model.py JSON (default: measure one "
-                   "at the end, into <out>/cost_model.json)")
+    p.add_argument(
+        "--cost-model",
+        type=Path,
+        help="predict from this tools/cost_model.py JSON (default: measure one at the end, into <out>/cost_model.json)",
+    )
     p.add_argument("--no-cost-model", action="store_true", help="no predicted column")
-    p.add_argument("--lengths-from", type=Path, help="a run with rollouts.jsonl whose completion lengths the cost model "
-                   "draws for runs that logged none (default: the first such run here, e.g. RAPID H = 8 with floors)")
-    args = p.parse_intermixed_args()     # overrides may come before or after the options
+    p.add_argument(
+        "--lengths-from",
+        type=Path,
+        help="a run with rollouts.jsonl whose completion lengths the cost model "
+        "draws for runs that logged none (default: the first such run here, e.g. RAPID H = 8 with floors)",
+    )
+    args = p.parse_intermixed_args()  # overrides may come before or after the options
     if args.cost_model and not args.cost_model.exists():
-        raise SystemExit(f"--cost-model {args.cost_model} does not exist: measure one with tools/cost_model.py <overrides>")
+        raise SystemExit(
+            f"--cost-model {args.cost_model} does not exist: measure one with tools/cost_model.py <overrides>"
+        )
     if args.lengths_from and not rollout_length_groups(args.lengths_from):
-        raise SystemExit(f"--lengths-from {args.lengths_from} has no rollouts.jsonl: pass a run made with logger.rollouts=true")
+        raise SystemExit(
+            f"--lengths-from {args.lengths_from} has no rollouts.jsonl: pass a run made with logger.rollouts=true"
+        )
     if args.floors:
         measure_floors(args.floors)
         return
@@ -580,32 +750,53 @@ def main() -> None:
     if args.throughput_only:
         overrides = ["model=qwen2.5_0.5b_random", "sampler.ignore_eos=true", *overrides]
     import torch
+
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {os.cpu_count()} cores"
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    meta = {"device": f"{args.nproc} x {device}" if args.nproc > 1 else device, "samples": args.samples,
-            "seeds": args.seeds, "overrides": overrides, "git": git, "date": time.strftime("%Y-%m-%d"),
-            "command": " ".join(["python tools/bench_rl.py", *sys.argv[1:]]), "machine": cost_model_module().machine_info()}
+    git = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    meta = {
+        "device": f"{args.nproc} x {device}" if args.nproc > 1 else device,
+        "samples": args.samples,
+        "seeds": args.seeds,
+        "overrides": overrides,
+        "git": git,
+        "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["python tools/bench_rl.py", *sys.argv[1:]]),
+        "machine": cost_model_module().machine_info(),
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     methods = method_list(args.h, not args.no_grpo, not args.no_trl)
     rows = []
     for seed in args.seeds:
         for method in methods:
             floors = method["key"] == "rapid_h8" and not args.no_floors
-            row = run_method(method, seed, args.samples, overrides, args.out, args.nproc, floors, args.reuse,
-                             args.eval_every_samples, args.report_only)
+            row = run_method(
+                method,
+                seed,
+                args.samples,
+                overrides,
+                args.out,
+                args.nproc,
+                floors,
+                args.reuse,
+                args.eval_every_samples,
+                args.report_only,
+            )
             if row is not None:
                 rows.append(row)
-                report(rows, meta, args.out)      # a partial table survives an interrupted benchmark
+                report(rows, meta, args.out)  # a partial table survives an interrupted benchmark
     cm, configs = None, []
     if not args.no_cost_model:
         configs = [composed(overrides + m["overrides"]) for m in methods if not m.get("trl")]
-        configs = [c for c in configs if c.algorithm.H != "auto"]     # H=auto: no fixed round size to model
+        configs = [c for c in configs if c.algorithm.H != "auto"]  # H=auto: no fixed round size to model
         cm = cost_model_for(args, overrides, rows, [c.algorithm.n_inference // args.nproc for c in configs])
     if cm and configs:
         predict_runs(rows, cm, args.lengths_from)
         pool = shared_length_groups(rows, cm, args.lengths_from)
-        source = args.lengths_from or next((Path(r["run_dir"]) for r in rows if r.get("run_dir")
-                                            and rollout_length_groups(Path(r["run_dir"]))), None)
+        source = args.lengths_from or next(
+            (Path(r["run_dir"]) for r in rows if r.get("run_dir") and rollout_length_groups(Path(r["run_dir"]))), None
+        )
         own = args.out / "cost_model.json"
         if pool and source and not cm.get("length_groups") and not args.cost_model and own.exists():
             # keep the lengths with the measurement, for later predictions from it (--cost-model elsewhere)
@@ -615,9 +806,18 @@ def main() -> None:
             cm["length_groups_from"] = str(source)
         model, c = cost_model_module(), composed(overrides).train
         lengths = [r["completion_len"] for r in rows if r.get("completion_len")]
-        block = [model.predict(cm, H=h, n_step=configs[0].algorithm.n_step, n_group=configs[0].algorithm.n_group,
-                               micro_batch=c.micro_batch, completion_len=sum(lengths) / len(lengths) if lengths else None,
-                               length_groups=pool) for h in sorted({1, *fixed_h(args.h)})]
+        block = [
+            model.predict(
+                cm,
+                H=h,
+                n_step=configs[0].algorithm.n_step,
+                n_group=configs[0].algorithm.n_group,
+                micro_batch=c.micro_batch,
+                completion_len=sum(lengths) / len(lengths) if lengths else None,
+                length_groups=pool,
+            )
+            for h in sorted({1, *fixed_h(args.h)})
+        ]
         cm["recommendation"] = "Cost model: " + model.recommendation_line(block)
     print("\n" + report(rows, meta, args.out, cm))
 

@@ -8,6 +8,7 @@ experiments/results/bench_sampler_<device>.md.
     python tools/bench_sampler.py                       # the default model, fp32, CPU
     python tools/bench_sampler.py --sizes 1 8 --new-tokens 32
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,13 +45,22 @@ def main() -> None:
     model, tok = load_model_and_tokenizer(gguf=GGUF)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
-    hf = HFSampler(model, tok, batch_size=256, autocast_dtype=dtype, ignore_eos=True)   # fixed lengths
-    engine = VLLMSampler(model, tok, dtype=dtype, seed=0, max_model_len=args.prompt_len + args.new_tokens + 8,
-                         kv_cache_memory_bytes=2 * 2**30, gpu_memory_utilization=0.3,
-                         enable_prefix_caching=False, sleep_during_train=False, ignore_eos=True)
+    hf = HFSampler(model, tok, batch_size=256, autocast_dtype=dtype, ignore_eos=True)  # fixed lengths
+    engine = VLLMSampler(
+        model,
+        tok,
+        dtype=dtype,
+        seed=0,
+        max_model_len=args.prompt_len + args.new_tokens + 8,
+        kv_cache_memory_bytes=2 * 2**30,
+        gpu_memory_utilization=0.3,
+        enable_prefix_caching=False,
+        sleep_during_train=False,
+        ignore_eos=True,
+    )
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(100, 40000, (args.prompt_len,), generator=g).tolist() for _ in range(max(args.sizes))]
-    engine.generate(prompts[:8], 1, args.new_tokens, 1.0)          # warm-up (first call compiles kernels)
+    engine.generate(prompts[:8], 1, args.new_tokens, 1.0)  # warm-up (first call compiles kernels)
     hf.generate(prompts[:1], 1, 4, 1.0, seeds=[0])
     rows = []
     for n in args.sizes:
@@ -62,10 +72,18 @@ def main() -> None:
         print(rows[-1], flush=True)
     sync = min(timed(lambda: engine.sync_weights(model)) for _ in range(3))
     n_params = sum(p.numel() for p in model.parameters())
-    where = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-    lines = [f"Sampler throughput, SmolLM2-135M-Instruct ({n_params / 1e6:.0f}M parameters), {args.dtype}, {where}; "
-             f"prompts of {args.prompt_len} tokens, exactly {args.new_tokens} new tokens per sequence.", "",
-             "| sequences | vLLM tokens/s | transformers tokens/s | vLLM speed-up |", "|---|---|---|---|"]
+    where = (
+        torch.cuda.get_device_name()
+        if device.type == "cuda"
+        else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    )
+    lines = [
+        f"Sampler throughput, SmolLM2-135M-Instruct ({n_params / 1e6:.0f}M parameters), {args.dtype}, {where}; "
+        f"prompts of {args.prompt_len} tokens, exactly {args.new_tokens} new tokens per sequence.",
+        "",
+        "| sequences | vLLM tokens/s | transformers tokens/s | vLLM speed-up |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {n} | {v:.0f} | {h:.0f} | {r:.1f}x |" for n, v, h, r in rows]
     lines += ["", f"In-place weight sync of the vLLM engine (reload + prefix-cache reset): {sync:.2f} s (best of 3)."]
     text = "\n".join(lines) + "\n"

@@ -38,6 +38,7 @@ Without leave-one-out, Eq. 4 puts a record in its own baseline, which on-policy 
 expected gradient by (G−1)/G: rel. bias 1/G, cos 1. With leave-one-out and eta = none the estimator is
 unbiased at every k (tests/test_clip_bias.py checks both).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -98,9 +99,16 @@ def multisets(actions: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     return members, log_coef.exp().round()
 
 
-def estimator_moments(theta: torch.Tensor, theta0: torch.Tensor, reward: torch.Tensor, group: int,
-                      eta: float | None, leave_one_out: bool, iw_baseline: bool = True,
-                      iw_gradient: bool = True) -> tuple[torch.Tensor, float, float, float]:
+def estimator_moments(
+    theta: torch.Tensor,
+    theta0: torch.Tensor,
+    reward: torch.Tensor,
+    group: int,
+    eta: float | None,
+    leave_one_out: bool,
+    iw_baseline: bool = True,
+    iw_gradient: bool = True,
+) -> tuple[torch.Tensor, float, float, float]:
     """Exact E[ĝ] [X, K], E|ĝ − E ĝ|², E Σ(w − w̄)|A| and E Σ w|A| at θ, with groups sampled from μ = π_θ0."""
     X, K = theta.shape
     B = X * group
@@ -115,8 +123,17 @@ def estimator_moments(theta: torch.Tensor, theta0: torch.Tensor, reward: torch.T
         logp = pi[x].log()[members].reshape(-1).requires_grad_()
         logp_mu = mu[x].log()[members].reshape(-1)
         rewards = reward[x][members].reshape(-1)
-        loss, _ = iw_grpg_loss(logp, logp_mu, rewards, ids, eta=eta, leave_one_out=leave_one_out,
-                               normalizer=1.0, iw_baseline=iw_baseline, iw_gradient=iw_gradient)
+        loss, _ = iw_grpg_loss(
+            logp,
+            logp_mu,
+            rewards,
+            ids,
+            eta=eta,
+            leave_one_out=leave_one_out,
+            normalizer=1.0,
+            iw_baseline=iw_baseline,
+            iw_gradient=iw_gradient,
+        )
         (dlogp,) = torch.autograd.grad(loss, logp)
         c = -dlogp.view(M, group)  # [M, G] c_n
         # row x of ĝ for each multiset: (1/B) Σ_n c_n (onehot(a_n) − π_x)
@@ -133,17 +150,31 @@ def estimator_moments(theta: torch.Tensor, theta0: torch.Tensor, reward: torch.T
     return mean, var, removed, mass
 
 
-def moments(theta: torch.Tensor, theta0: torch.Tensor, reward: torch.Tensor, group: int, eta: float | None,
-            leave_one_out: bool, iw_baseline: bool, iw_gradient: bool) -> dict[str, float]:
+def moments(
+    theta: torch.Tensor,
+    theta0: torch.Tensor,
+    reward: torch.Tensor,
+    group: int,
+    eta: float | None,
+    leave_one_out: bool,
+    iw_baseline: bool,
+    iw_gradient: bool,
+) -> dict[str, float]:
     """The reported numbers (module docstring) for one configuration."""
-    mean, var, removed, mass = estimator_moments(theta, theta0, reward, group, eta, leave_one_out,
-                                                 iw_baseline, iw_gradient)
+    mean, var, removed, mass = estimator_moments(
+        theta, theta0, reward, group, eta, leave_one_out, iw_baseline, iw_gradient
+    )
     truth = exact_gradient(theta, reward)
-    norm2 = float((truth ** 2).sum())
-    bias = float(((mean - truth) ** 2).sum()) ** 0.5 / norm2 ** 0.5
-    cos = float((mean * truth).sum()) / (float((mean ** 2).sum()) ** 0.5 * norm2 ** 0.5)
-    return {"rel_bias": bias, "cos": cos, "rel_var": var / norm2, "rel_mse": bias ** 2 + var / norm2,
-            "clip_mass": removed / mass if mass > 0 else 0.0}
+    norm2 = float((truth**2).sum())
+    bias = float(((mean - truth) ** 2).sum()) ** 0.5 / norm2**0.5
+    cos = float((mean * truth).sum()) / (float((mean**2).sum()) ** 0.5 * norm2**0.5)
+    return {
+        "rel_bias": bias,
+        "cos": cos,
+        "rel_var": var / norm2,
+        "rel_mse": bias**2 + var / norm2,
+        "clip_mass": removed / mass if mass > 0 else 0.0,
+    }
 
 
 def staleness(theta: torch.Tensor, theta0: torch.Tensor, etas: list[float | None]) -> dict[str, float]:
@@ -160,14 +191,26 @@ def staleness(theta: torch.Tensor, theta0: torch.Tensor, etas: list[float | None
 def sweep(args) -> tuple[list[dict], dict[int, dict]]:
     theta0, reward = make_bandit(args.contexts, args.actions, args.seed)
     thetas = stale_thetas(theta0, reward, args.lr, args.ks)
-    fresh = {(k, loo): moments(thetas[k], thetas[k], reward, args.group, None, loo, True, True)["rel_var"]
-             for k in args.ks for loo in (False, True)}   # on-policy at θ_k: every w = 1
+    fresh = {
+        (k, loo): moments(thetas[k], thetas[k], reward, args.group, None, loo, True, True)["rel_var"]
+        for k in args.ks
+        for loo in (False, True)
+    }  # on-policy at θ_k: every w = 1
     rows = []
     for k, eta, loo, (iw_b, iw_g) in itertools.product(args.ks, args.etas, (False, True), SWITCHES):
         m = moments(thetas[k], theta0, reward, args.group, eta, loo, iw_b, iw_g)
-        rows.append({"k": k, "eta": "none" if eta is None else f"{eta:g}", "leave_one_out": loo,
-                     "estimator": SWITCHES[(iw_b, iw_g)], "iw_baseline": iw_b, "iw_gradient": iw_g, **m,
-                     "var_ratio": m["rel_var"] / fresh[(k, loo)]})
+        rows.append(
+            {
+                "k": k,
+                "eta": "none" if eta is None else f"{eta:g}",
+                "leave_one_out": loo,
+                "estimator": SWITCHES[(iw_b, iw_g)],
+                "iw_baseline": iw_b,
+                "iw_gradient": iw_g,
+                **m,
+                "var_ratio": m["rel_var"] / fresh[(k, loo)],
+            }
+        )
     return rows, {k: staleness(thetas[k], theta0, args.etas) for k in args.ks}
 
 
@@ -188,37 +231,61 @@ def report(rows: list[dict], stale: dict[int, dict], args, out: Path) -> str:
     ks = args.ks
     etas = ["none" if e is None else f"{e:g}" for e in args.etas]
     finite = [e for e in args.etas if e is not None]
-    text = ["# Bias and variance of the IW-GRPG gradient on a tabular softmax bandit (exact)", "",
-            f"`python tools/clip_bias.py {' '.join(sys.argv[1:])}`".replace("`python tools/clip_bias.py `",
-                                                                             "`python tools/clip_bias.py`"), "",
-            f"CPU: {cpu_description()} (exact enumeration, no sampling error; seconds on any CPU).", "",
-            f"Bandit: {args.contexts} contexts x {args.actions} actions, 0/1 rewards, θ_0 ~ N(0, 1) (seed {args.seed}); "
-            f"groups of G = {args.group} actions per context drawn from μ = π_θ0; the current policy θ_k is k exact "
-            f"gradient-ascent steps (lr {args.lr:g}) past μ. Definitions in the docstring of tools/clip_bias.py.", "",
-            "Staleness of μ at each k (E_μ|log w|, and P_μ(w > eta)):", "",
-            "| | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---:|" * len(ks),
-            "| E_μ abs(log w) | " + " | ".join(f"{stale[k]['abs_log_w']:.3f}" for k in ks) + " |"]
+    text = [
+        "# Bias and variance of the IW-GRPG gradient on a tabular softmax bandit (exact)",
+        "",
+        f"`python tools/clip_bias.py {' '.join(sys.argv[1:])}`".replace(
+            "`python tools/clip_bias.py `", "`python tools/clip_bias.py`"
+        ),
+        "",
+        f"CPU: {cpu_description()} (exact enumeration, no sampling error; seconds on any CPU).",
+        "",
+        f"Bandit: {args.contexts} contexts x {args.actions} actions, 0/1 rewards, θ_0 ~ N(0, 1) (seed {args.seed}); "
+        f"groups of G = {args.group} actions per context drawn from μ = π_θ0; the current policy θ_k is k exact "
+        f"gradient-ascent steps (lr {args.lr:g}) past μ. Definitions in the docstring of tools/clip_bias.py.",
+        "",
+        "Staleness of μ at each k (E_μ|log w|, and P_μ(w > eta)):",
+        "",
+        "| | " + " | ".join(f"k={k}" for k in ks) + " |",
+        "|---|" + "---:|" * len(ks),
+        "| E_μ abs(log w) | " + " | ".join(f"{stale[k]['abs_log_w']:.3f}" for k in ks) + " |",
+    ]
     for eta in finite:
         text.append(f"| P(w > {eta:g}) | " + " | ".join(f"{stale[k][f'p_clip_{eta:g}']:.3f}" for k in ks) + " |")
     for loo in (False, True):
         name = "leave-one-out baseline" if loo else "Eq. 4 baseline (RAPID's default)"
-        for value, what in (("rel_bias", "relative bias |E ĝ − ∇J| / |∇J|"), ("cos", "cosine(E ĝ, ∇J)"),
-                            ("rel_var", "relative variance E|ĝ − E ĝ|² / |∇J|² (one group per context)"),
-                            ("var_ratio", "variance against fresh samples at the same θ_k"),
-                            ("clip_mass", "clipped gradient mass E Σ(w − w̄)|A| / E Σ w|A|")):
+        for value, what in (
+            ("rel_bias", "relative bias |E ĝ − ∇J| / |∇J|"),
+            ("cos", "cosine(E ĝ, ∇J)"),
+            ("rel_var", "relative variance E|ĝ − E ĝ|² / |∇J|² (one group per context)"),
+            ("var_ratio", "variance against fresh samples at the same θ_k"),
+            ("clip_mass", "clipped gradient mass E Σ(w − w̄)|A| / E Σ w|A|"),
+        ):
             if value == "clip_mass" and loo:
                 continue
             text += ["", f"## IW-GRPG, {name}: {what}", ""]
             text += grid(rows, ks, etas, value, leave_one_out=loo, estimator="IW-GRPG")
     for loo in (False, True):
-        text += ["", f"## Ablations at eta = 2, {'leave-one-out' if loo else 'Eq. 4'} baseline: "
-                     "relative bias / cosine / variance against fresh samples", "",
-                 "| estimator | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---:|" * len(ks)]
+        text += [
+            "",
+            f"## Ablations at eta = 2, {'leave-one-out' if loo else 'Eq. 4'} baseline: "
+            "relative bias / cosine / variance against fresh samples",
+            "",
+            "| estimator | " + " | ".join(f"k={k}" for k in ks) + " |",
+            "|---|" + "---:|" * len(ks),
+        ]
         for est in SWITCHES.values():
             cells = [pick(rows, k=k, eta="2", leave_one_out=loo, estimator=est)[0] for k in ks]
-            text.append(f"| {est} | " + " | ".join(f"{c['rel_bias']:.3f} / {c['cos']:.3f} / {c['var_ratio']:.2f}"
-                                                   for c in cells) + " |")
-    text += ["", "Every configuration (eta x k x leave-one-out x switches) is in clip_bias.csv; the figure is clip_bias.png.", ""]
+            text.append(
+                f"| {est} | "
+                + " | ".join(f"{c['rel_bias']:.3f} / {c['cos']:.3f} / {c['var_ratio']:.2f}" for c in cells)
+                + " |"
+            )
+    text += [
+        "",
+        "Every configuration (eta x k x leave-one-out x switches) is in clip_bias.csv; the figure is clip_bias.png.",
+        "",
+    ]
     (out / "clip_bias.md").write_text("\n".join(text))
     with (out / "clip_bias.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -229,6 +296,7 @@ def report(rows: list[dict], stale: dict[int, dict], args, out: Path) -> str:
 
 def plot(rows: list[dict], stale: dict[int, dict], args, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -246,13 +314,14 @@ def plot(rows: list[dict], stale: dict[int, dict], args, path: Path) -> None:
             axes[1].plot(x, var, style, color=color, marker="o", ms=3, label=label)
         for j, est in enumerate(SWITCHES.values()):
             bias = [pick(rows, k=k, eta="2", leave_one_out=loo, estimator=est)[0]["rel_bias"] for k in ks]
-            axes[2].plot(x, bias, style, color=f"C{j}", marker="o", ms=3,
-                         label=est + (", leave-one-out" if loo else ""))
+            axes[2].plot(
+                x, bias, style, color=f"C{j}", marker="o", ms=3, label=est + (", leave-one-out" if loo else "")
+            )
     axes[0].set_title("IW-GRPG: relative bias |E ĝ − ∇J| / |∇J|")
     axes[1].set_title("IW-GRPG: variance / fresh-sample variance at θ_k")
     axes[1].set_yscale("log")
     for ax in (axes[0], axes[2]):
-        ax.set_yscale("symlog", linthresh=0.01)   # 0 (unbiased) stays on the axis
+        ax.set_yscale("symlog", linthresh=0.01)  # 0 (unbiased) stays on the axis
     axes[2].set_title("ablations at eta = 2: relative bias")
     for ax in axes:
         ax.set_xlabel("staleness E_μ|log w| (k = " + ", ".join(map(str, ks)) + ")")
@@ -273,10 +342,17 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, default=8)
     parser.add_argument("--actions", type=int, default=8)
     parser.add_argument("--group", type=int, default=4, help="G = n_group (paper: 4)")
-    parser.add_argument("--lr", type=float, default=16.0, help="step size of the exact gradient steps that make μ stale")
+    parser.add_argument(
+        "--lr", type=float, default=16.0, help="step size of the exact gradient steps that make μ stale"
+    )
     parser.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4, 8, 16, 32], help="staleness in steps")
-    parser.add_argument("--etas", type=parse_eta, nargs="+", default=[1.5, 2.0, 4.0, 10.0, None],
-                        help="truncation levels (none: no clipping)")
+    parser.add_argument(
+        "--etas",
+        type=parse_eta,
+        nargs="+",
+        default=[1.5, 2.0, 4.0, 10.0, None],
+        help="truncation levels (none: no clipping)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "clip_bias")
     args = parser.parse_args()

@@ -52,6 +52,7 @@ recommends: the smallest H whose predicted time per sample is within --tolerance
 over the H considered. The model counts compute only: what a larger H costs in staleness (clipped
 importance weights, accuracy per sample) is for the benchmark to measure.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,10 +69,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEFAULT_H = (1, 2, 4, 8, 16, 32)
-PHASES = ("generate", "reward", "recompute", "train", "sync")    # as rapid.train's clock names them
+PHASES = ("generate", "reward", "recompute", "train", "sync")  # as rapid.train's clock names them
 
 
 # ============================================================================== prediction math (pure)
+
 
 def interp_loglog(xs: list[float], ys: list[float], x: float) -> float:
     """Piecewise-linear interpolation of log y against log x through the points (xs increasing, ys > 0).
@@ -94,9 +96,9 @@ def call_seconds(generation: dict, lengths: list[int]) -> float:
     sizes = generation["sizes"]
     B = len(lengths)
     total = interp_loglog(sizes, generation["first_s"], B)
-    done = 1                                     # steps accounted for (the first)
+    done = 1  # steps accounted for (the first)
     ordered = sorted(lengths)
-    for j, length in enumerate(ordered):        # while done < t <= length, B - j sequences run
+    for j, length in enumerate(ordered):  # while done < t <= length, B - j sequences run
         if length > done:
             total += (length - done) * interp_loglog(sizes, generation["step_s"], B - j)
             done = length
@@ -125,24 +127,46 @@ def chunks(n: int, size: int) -> list[tuple[int, int]]:
     return [(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def round_seconds(cm: dict, lengths: list[int], *, H: int, n_step: int, micro_batch: int, passes: int = 1,
-                  reference: bool = False, recompute: bool = False) -> dict:
+def round_seconds(
+    cm: dict,
+    lengths: list[int],
+    *,
+    H: int,
+    n_step: int,
+    micro_batch: int,
+    passes: int = 1,
+    reference: bool = False,
+    recompute: bool = False,
+) -> dict:
     """Seconds per phase of one round whose n_inference = H * n_step completions (groups consecutive, in
     the order the buffer serves them) have these lengths."""
     n = len(lengths)
     assert n == H * n_step, (n, H, n_step)
     t = cm["train"]
     padded = lambda lo, hi: max(max(lengths[lo:hi]), 1)
-    step_forwards = sum(microbatch_seconds(t["fwd_bwd_fit"], hi - lo, padded(s + lo, s + hi))
-                        for s, _ in chunks(n, n_step) for lo, hi in chunks(n_step, micro_batch))
-    reference_s = sum(microbatch_seconds(t["fwd_fit"], hi - lo, padded(s + lo, s + hi))
-                      for s, _ in chunks(n, n_step) for lo, hi in chunks(n_step, micro_batch)) if reference else 0.0
-    return {"generate": call_seconds(cm["generation"], lengths),
-            "reward": cm["reward_s_per_sample"] * n,
-            "recompute": sum(microbatch_seconds(t["fwd_fit"], hi - lo, padded(lo, hi))
-                             for lo, hi in chunks(n, micro_batch)) if recompute else 0.0,
-            "train": passes * (step_forwards + reference_s + H * t["optimizer_step_s"]),
-            "sync": cm["sync_s"]}
+    step_forwards = sum(
+        microbatch_seconds(t["fwd_bwd_fit"], hi - lo, padded(s + lo, s + hi))
+        for s, _ in chunks(n, n_step)
+        for lo, hi in chunks(n_step, micro_batch)
+    )
+    reference_s = (
+        sum(
+            microbatch_seconds(t["fwd_fit"], hi - lo, padded(s + lo, s + hi))
+            for s, _ in chunks(n, n_step)
+            for lo, hi in chunks(n_step, micro_batch)
+        )
+        if reference
+        else 0.0
+    )
+    return {
+        "generate": call_seconds(cm["generation"], lengths),
+        "reward": cm["reward_s_per_sample"] * n,
+        "recompute": sum(microbatch_seconds(t["fwd_fit"], hi - lo, padded(lo, hi)) for lo, hi in chunks(n, micro_batch))
+        if recompute
+        else 0.0,
+        "train": passes * (step_forwards + reference_s + H * t["optimizer_step_s"]),
+        "sync": cm["sync_s"],
+    }
 
 
 def draw_lengths(length_groups: list[list[int]], n_groups: int, n_group: int, rng) -> list[int]:
@@ -162,9 +186,21 @@ def scaled_groups(length_groups: list[list[int]], mean: float) -> list[list[int]
     return [[max(1, round(length * f)) for length in g] for g in length_groups]
 
 
-def predict(cm: dict, *, H: int, n_step: int, n_group: int, micro_batch: int, completion_len: float | None = None,
-            length_groups: list[list[int]] | None = None, passes: int = 1, reference: bool = False,
-            recompute: bool = False, draws: int = 64, seed: int = 0) -> dict:
+def predict(
+    cm: dict,
+    *,
+    H: int,
+    n_step: int,
+    n_group: int,
+    micro_batch: int,
+    completion_len: float | None = None,
+    length_groups: list[list[int]] | None = None,
+    passes: int = 1,
+    reference: bool = False,
+    recompute: bool = False,
+    draws: int = 64,
+    seed: int = 0,
+) -> dict:
     """Expected seconds per sample of each phase and in all (`total`), for one rank.
 
     Lengths: whole groups from `length_groups` (rescaled to `completion_len` when both are given), or every
@@ -182,14 +218,28 @@ def predict(cm: dict, *, H: int, n_step: int, n_group: int, micro_batch: int, co
     totals = dict.fromkeys(PHASES, 0.0)
     for _ in range(1 if fixed else draws):
         lengths = draw_lengths(pool, n // n_group, n_group, rng)
-        for k, v in round_seconds(cm, lengths, H=H, n_step=n_step, micro_batch=min(micro_batch, n_step),
-                                  passes=passes, reference=reference, recompute=recompute).items():
+        for k, v in round_seconds(
+            cm,
+            lengths,
+            H=H,
+            n_step=n_step,
+            micro_batch=min(micro_batch, n_step),
+            passes=passes,
+            reference=reference,
+            recompute=recompute,
+        ).items():
             totals[k] += v
     rounds = 1 if fixed else draws
     row = {k: v / rounds / n for k, v in totals.items()}
     row["total"] = sum(row[k] for k in PHASES)
-    row |= {"H": H, "n_step": n_step, "n_group": n_group, "n_inference": n, "sequences_per_call": n,
-            "extrapolated": n > cm["generation"]["sizes"][-1]}
+    row |= {
+        "H": H,
+        "n_step": n_step,
+        "n_group": n_group,
+        "n_inference": n,
+        "sequences_per_call": n,
+        "extrapolated": n > cm["generation"]["sizes"][-1],
+    }
     return row
 
 
@@ -200,8 +250,14 @@ def recommend(rows: list[dict], tolerance: float = 0.05) -> tuple[dict, dict]:
     return pick, best
 
 
-def hypothetical(cm: dict, *, gen_scale: float = 1.0, train_scale: float = 1.0, decode_step_s: float | None = None,
-                 decode_saturation: int = 256) -> dict:
+def hypothetical(
+    cm: dict,
+    *,
+    gen_scale: float = 1.0,
+    train_scale: float = 1.0,
+    decode_step_s: float | None = None,
+    decode_saturation: int = 256,
+) -> dict:
     """A copy of the measurements under another profile: generation times x gen_scale, training times x
     train_scale (optimizer step and weight sync included); with decode_step_s, the generation curve is
     replaced by a flat decoding step of decode_step_s up to decode_saturation sequences and a constant cost
@@ -209,7 +265,9 @@ def hypothetical(cm: dict, *, gen_scale: float = 1.0, train_scale: float = 1.0, 
     out = copy.deepcopy(cm)
     g, t = out["generation"], out["train"]
     if decode_step_s is not None:
-        sizes = [2 ** k for k in range(0, 1 + max(int(math.log2(max(g["sizes"]))), int(math.log2(decode_saturation)) + 2))]
+        sizes = [
+            2**k for k in range(0, 1 + max(int(math.log2(max(g["sizes"]))), int(math.log2(decode_saturation)) + 2))
+        ]
         step = [decode_step_s * max(1.0, b / decode_saturation) for b in sizes]
         g.update(sizes=sizes, first_s=list(step), step_s=list(step), call_s=None)
     g["first_s"] = [x * gen_scale for x in g["first_s"]]
@@ -218,8 +276,12 @@ def hypothetical(cm: dict, *, gen_scale: float = 1.0, train_scale: float = 1.0, 
         t[key] = {k: v * train_scale for k, v in t[key].items()}
     t["optimizer_step_s"] *= train_scale
     out["sync_s"] *= train_scale
-    out["profile"] = {"gen_scale": gen_scale, "train_scale": train_scale, "decode_step_s": decode_step_s,
-                      "decode_saturation": decode_saturation if decode_step_s is not None else None}
+    out["profile"] = {
+        "gen_scale": gen_scale,
+        "train_scale": train_scale,
+        "decode_step_s": decode_step_s,
+        "decode_saturation": decode_saturation if decode_step_s is not None else None,
+    }
     return out
 
 
@@ -228,36 +290,59 @@ def recommendation_line(block: list[dict], tolerance: float = 0.05) -> str:
     pick, best = recommend(block, tolerance)
     h1 = next((r for r in block if r["H"] == 1), block[0])
     floor = min(r["train"] + r["reward"] + r["recompute"] for r in block)
-    return (f"Recommended H = **{pick['H']}** at n_step {pick['n_step']} ({1000 * pick['total']:.1f} s / 1k samples, "
-            f"{pick['total'] / h1['total']:.2f}x H = {h1['H']}): the smallest H within {100 * tolerance:.0f}% of the best "
-            f"predicted (H = {best['H']}, {1000 * best['total']:.1f}). From H = {h1['H']} to H = {pick['H']} generation per "
-            f"sample falls from {1000 * h1['generate']:.1f} to {1000 * pick['generate']:.1f} s / 1k ({h1['sequences_per_call']} "
-            f"to {pick['sequences_per_call']} sequences per engine call) and sync from {1000 * h1['sync']:.1f} to "
-            f"{1000 * pick['sync']:.1f}; training ({1000 * pick['train']:.1f}) does not fall with H and, with reward and "
-            f"recompute, bounds every H at {1000 * floor:.1f} s / 1k, {floor / h1['total']:.2f}x H = {h1['H']}. "
-            "Compute only: what a larger H costs in staleness is not modelled.")
+    return (
+        f"Recommended H = **{pick['H']}** at n_step {pick['n_step']} ({1000 * pick['total']:.1f} s / 1k samples, "
+        f"{pick['total'] / h1['total']:.2f}x H = {h1['H']}): the smallest H within {100 * tolerance:.0f}% of the best "
+        f"predicted (H = {best['H']}, {1000 * best['total']:.1f}). From H = {h1['H']} to H = {pick['H']} generation per "
+        f"sample falls from {1000 * h1['generate']:.1f} to {1000 * pick['generate']:.1f} s / 1k ({h1['sequences_per_call']} "
+        f"to {pick['sequences_per_call']} sequences per engine call) and sync from {1000 * h1['sync']:.1f} to "
+        f"{1000 * pick['sync']:.1f}; training ({1000 * pick['train']:.1f}) does not fall with H and, with reward and "
+        f"recompute, bounds every H at {1000 * floor:.1f} s / 1k, {floor / h1['total']:.2f}x H = {h1['H']}. "
+        "Compute only: what a larger H costs in staleness is not modelled."
+    )
 
 
-def prediction_table(cm: dict, hs: list[int], n_steps: list[int], n_group: int, micro_batch: int,
-                     completion_len: float | None = None, tolerance: float = 0.05, **kw) -> tuple[str, list[dict]]:
+def prediction_table(
+    cm: dict,
+    hs: list[int],
+    n_steps: list[int],
+    n_group: int,
+    micro_batch: int,
+    completion_len: float | None = None,
+    tolerance: float = 0.05,
+    **kw,
+) -> tuple[str, list[dict]]:
     """Markdown table of predicted seconds per 1,000 samples for every (n_step, H), with the recommendation."""
     lines, rows = [], []
     for n_step in n_steps:
-        block = [predict(cm, H=h, n_step=n_step, n_group=n_group, micro_batch=micro_batch,
-                         completion_len=completion_len, **kw) for h in hs]
+        block = [
+            predict(
+                cm, H=h, n_step=n_step, n_group=n_group, micro_batch=micro_batch, completion_len=completion_len, **kw
+            )
+            for h in hs
+        ]
         h1 = next((r for r in block if r["H"] == 1), block[0])
-        lines += ["", f"n_step {n_step}, n_group {n_group}, micro-batch {min(micro_batch, n_step)}:", "",
-                  "| H | sequences per call | generate | train | sync | reward | recompute | total s / 1k samples | vs H=1 |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            f"n_step {n_step}, n_group {n_group}, micro-batch {min(micro_batch, n_step)}:",
+            "",
+            "| H | sequences per call | generate | train | sync | reward | recompute | total s / 1k samples | vs H=1 |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in block:
             mark = " *" if r["extrapolated"] else ""
-            lines.append(f"| {r['H']} | {r['sequences_per_call']}{mark} | " +
-                         " | ".join(f"{1000 * r[p]:.1f}" for p in ("generate", "train", "sync", "reward", "recompute")) +
-                         f" | **{1000 * r['total']:.1f}** | {r['total'] / h1['total']:.2f} |")
+            lines.append(
+                f"| {r['H']} | {r['sequences_per_call']}{mark} | "
+                + " | ".join(f"{1000 * r[p]:.1f}" for p in ("generate", "train", "sync", "reward", "recompute"))
+                + f" | **{1000 * r['total']:.1f}** | {r['total'] / h1['total']:.2f} |"
+            )
         lines += ["", recommendation_line(block, tolerance)]
         rows += block
     if any(r["extrapolated"] for r in rows):
-        lines += ["", "\\* beyond the largest measured call size: extrapolated at the largest size's cost per sequence."]
+        lines += [
+            "",
+            "\\* beyond the largest measured call size: extrapolated at the largest size's cost per sequence.",
+        ]
     return "\n".join(lines).lstrip("\n"), rows
 
 
@@ -272,16 +357,20 @@ def machine_info() -> dict:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())     # the first processor's
+            fields.setdefault(key.strip(), value.strip())  # the first processor's
     except OSError:
         pass
     flags = (fields.get("flags") or fields.get("Features") or "").split()
-    info = {"cpu_model": fields.get("model name") or fields.get("Model") or platform.processor() or platform.machine(),
-            "vector_extensions": sorted(f for f in flags if f.startswith(VECTOR_PREFIXES)), "cpu_cores": os.cpu_count(),
-            "cores_allowed": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    info = {
+        "cpu_model": fields.get("model name") or fields.get("Model") or platform.processor() or platform.machine(),
+        "vector_extensions": sorted(f for f in flags if f.startswith(VECTOR_PREFIXES)),
+        "cpu_cores": os.cpu_count(),
+        "cores_allowed": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
     try:
         import torch
+
         if torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
         info["torch_threads"] = torch.get_num_threads()
@@ -292,11 +381,14 @@ def machine_info() -> dict:
 
 def machine_line(info: dict) -> str:
     gpu = f"; GPU {info['gpu']}" if info.get("gpu") else ""
-    return (f"CPU {info['cpu_model']} ({info['cpu_cores']} cores; vector extensions: "
-            f"{' '.join(info['vector_extensions']) or 'unknown'}){gpu}")
+    return (
+        f"CPU {info['cpu_model']} ({info['cpu_cores']} cores; vector extensions: "
+        f"{' '.join(info['vector_extensions']) or 'unknown'}){gpu}"
+    )
 
 
 # ============================================================================== measurement
+
 
 def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
@@ -332,8 +424,9 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 clock = CLOCKS["wall"]
 
 
-def best_of(fn, repeats: int, sync=lambda: None, setup=lambda: None, min_total_s: float = 1.0,
-            max_repeats: int = 10) -> float:
+def best_of(
+    fn, repeats: int, sync=lambda: None, setup=lambda: None, min_total_s: float = 1.0, max_repeats: int = 10
+) -> float:
     """The shortest of at least `repeats` timings of fn(), more (up to max_repeats) while they add up to less
     than min_total_s: short timings on a shared machine need several tries. setup() runs untimed before each."""
     times: list[float] = []
@@ -366,12 +459,13 @@ def measure(cfg, completion_len: float, sizes: list[int], repeats: int, log=prin
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     dtype = DTYPES[cfg.model.dtype]
     torch.manual_seed(cfg.seed)
-    model, tokenizer = load_model_and_tokenizer(cfg.model.path, cfg.model.gguf, cfg.model.architecture,
-                                                cfg.model.gradient_checkpointing, seed=cfg.seed)
+    model, tokenizer = load_model_and_tokenizer(
+        cfg.model.path, cfg.model.gguf, cfg.model.architecture, cfg.model.gradient_checkpointing, seed=cfg.seed
+    )
     model.to(device)
     task, train_records, train_prompts, _, _ = load_splits(cfg.task, tokenizer, cfg.eval.n)
     sampler_cfg = copy.deepcopy(cfg.sampler)
-    sampler_cfg.ignore_eos = True                    # every completion exactly as long as asked
+    sampler_cfg.ignore_eos = True  # every completion exactly as long as asked
     sampler = make_sampler(sampler_cfg, model, tokenizer, dtype, seed=0)
     temperature = cfg.sampler.temperature
     cursor = [0]
@@ -385,12 +479,17 @@ def measure(cfg, completion_len: float, sizes: list[int], repeats: int, log=prin
         n = n_group if B % n_group == 0 else 1
         idx = next_prompts(B // n)
         if hasattr(sampler, "llm"):
-            sampler.llm.reset_prefix_cache()         # as after the weight sync that precedes every round's call
-        return idx, sampler.generate([train_prompts[i] for i in idx], n=n, max_new_tokens=new_tokens,
-                                     temperature=temperature, seeds=list(range(len(idx))))
+            sampler.llm.reset_prefix_cache()  # as after the weight sync that precedes every round's call
+        return idx, sampler.generate(
+            [train_prompts[i] for i in idx],
+            n=n,
+            max_new_tokens=new_tokens,
+            temperature=temperature,
+            seeds=list(range(len(idx))),
+        )
 
     # ---- generation
-    engine_call(min(8, max(sizes)), min(L, 8))       # warm-up (the first call builds kernels)
+    engine_call(min(8, max(sizes)), min(L, 8))  # warm-up (the first call builds kernels)
     generation = {"sizes": [], "n_per_prompt": [], "first_s": [], "call_s": [], "step_s": []}
     texts, text_records = [], []
     for B in sizes:
@@ -401,9 +500,11 @@ def measure(cfg, completion_len: float, sizes: list[int], repeats: int, log=prin
         generation["first_s"].append(first)
         generation["call_s"].append(call)
         generation["step_s"].append(max(call - first, 1e-9) / (L - 1))
-        log(f"generation: {B:4d} sequences x {L} tokens: {call:7.3f} s per call ({B * L / call:6.1f} tokens/s), "
-            f"first token {first:.3f} s")
-    idx, groups = engine_call(min(64, max(sizes)), L)      # completions to grade
+        log(
+            f"generation: {B:4d} sequences x {L} tokens: {call:7.3f} s per call ({B * L / call:6.1f} tokens/s), "
+            f"first token {first:.3f} s"
+        )
+    idx, groups = engine_call(min(64, max(sizes)), L)  # completions to grade
     for i, group in zip(idx, groups):
         texts += [c.text for c in group]
         text_records += [train_records[i]] * len(group)
@@ -417,8 +518,13 @@ def measure(cfg, completion_len: float, sizes: list[int], repeats: int, log=prin
     # ---- training: micro-batches of real prompts and random completions
     sampler.sleep()
     policy = CompletionLogprobs(model, temperature, share_prompt=not cfg.model.gradient_checkpointing)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
-                                  weight_decay=cfg.optim.weight_decay, fused=True)   # as rapid.train's
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.optim.lr,
+        betas=tuple(cfg.optim.betas),
+        weight_decay=cfg.optim.weight_decay,
+        fused=True,
+    )  # as rapid.train's
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     vocab = min(len(tokenizer), model.config.vocab_size)
     g = torch.Generator().manual_seed(0)
@@ -428,18 +534,34 @@ def measure(cfg, completion_len: float, sizes: list[int], repeats: int, log=prin
         for k, i in enumerate(next_prompts(m // n_group)):
             for _ in range(n_group):
                 ids = torch.randint(0, vocab, (C,), generator=g).tolist()
-                out.append(Rollout(prompt_ids=train_prompts[i], completion_ids=ids, logp_mu=[-1.0] * C,
-                                   reward=float(torch.rand((), generator=g) < 0.5), group_id=k, truncated=False))
+                out.append(
+                    Rollout(
+                        prompt_ids=train_prompts[i],
+                        completion_ids=ids,
+                        logp_mu=[-1.0] * C,
+                        reward=float(torch.rand((), generator=g) < 0.5),
+                        group_id=k,
+                        truncated=False,
+                    )
+                )
         return out
 
-    def loss_fn(token_logp, batch, n_records, n_tokens):    # RAPID / PG's loss, as rapid.train builds it
+    def loss_fn(token_logp, batch, n_records, n_tokens):  # RAPID / PG's loss, as rapid.train builds it
         mask = batch.completion_mask
-        return iw_grpg_loss(sequence_logprobs(token_logp, mask), sequence_logprobs(batch.logp_mu, mask), batch.rewards,
-                            batch.group_ids, eta=a.eta, leave_one_out=a.leave_one_out, normalizer=n_records)
+        return iw_grpg_loss(
+            sequence_logprobs(token_logp, mask),
+            sequence_logprobs(batch.logp_mu, mask),
+            batch.rewards,
+            batch.group_ids,
+            eta=a.eta,
+            leave_one_out=a.leave_one_out,
+            normalizer=n_records,
+        )
 
     def fwd_bwd(recs):
-        accumulate_gradients(policy, recs, loss_fn, micro_batch=len(recs), pad_id=pad_id, device=device,
-                             compute_dtype=dtype)
+        accumulate_gradients(
+            policy, recs, loss_fn, micro_batch=len(recs), pad_id=pad_id, device=device, compute_dtype=dtype
+        )
 
     @torch.no_grad()
     def fwd(recs):
@@ -451,62 +573,98 @@ def measure(cfg, completion_len: float, sizes: list[int], repeats: int, log=prin
     small = n_group
     micro = max(2 * n_group, n_group * (min(cfg.train.micro_batch, a.n_step) // n_group))
     shapes = [(small, max(1, L // 2)), (small, L), (small, (3 * L) // 2), (micro, L), (micro, max(1, L // 2))]
-    fwd_bwd(records(small, max(1, L // 2)))              # warm-up
+    fwd_bwd(records(small, max(1, L // 2)))  # warm-up
     points = []
     for m, C in shapes:
         recs = records(m, C)
         # each timing allocates the gradients, as a step's first micro-batch does after zero_grad(set_to_none)
-        point = {"records": m, "completion_len": C,
-                 "fwd_bwd_s": best_of(lambda: fwd_bwd(recs), repeats, sync, setup=lambda: model.zero_grad(set_to_none=True)),
-                 "fwd_s": best_of(lambda: fwd(recs), repeats, sync)}
+        point = {
+            "records": m,
+            "completion_len": C,
+            "fwd_bwd_s": best_of(lambda: fwd_bwd(recs), repeats, sync, setup=lambda: model.zero_grad(set_to_none=True)),
+            "fwd_s": best_of(lambda: fwd(recs), repeats, sync),
+        }
         points.append(point)
-        log(f"training: {m:3d} records x {C:4d} tokens: forward+backward {point['fwd_bwd_s']:.3f} s, forward {point['fwd_s']:.3f} s")
+        log(
+            f"training: {m:3d} records x {C:4d} tokens: forward+backward {point['fwd_bwd_s']:.3f} s, forward {point['fwd_s']:.3f} s"
+        )
 
-    def optimizer_step():                             # as rapid.train's, after a minibatch's backward
+    def optimizer_step():  # as rapid.train's, after a minibatch's backward
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     tiny = records(small, 2)
     fwd_bwd(tiny)
-    optimizer_step()                                  # warm-up: AdamW's state is created on its first step
+    optimizer_step()  # warm-up: AdamW's state is created on its first step
     opt_s = best_of(optimizer_step, max(3, repeats), sync, setup=lambda: fwd_bwd(tiny))
     log(f"optimizer step (clip + fused AdamW + zero_grad): {opt_s:.3f} s")
-    return {"completion_len": L,
-            "prompt_len_mean": sum(len(p) for p in train_prompts) / len(train_prompts),
-            "generation": generation,
-            "train": {"points": points, "fwd_bwd_fit": fit_microbatch(points, "fwd_bwd_s"),
-                      "fwd_fit": fit_microbatch(points, "fwd_s"), "optimizer_step_s": opt_s},
-            "sync_s": sync_s, "reward_s_per_sample": reward_s,
-            "device": str(device), "sampler": sampler.name}
+    return {
+        "completion_len": L,
+        "prompt_len_mean": sum(len(p) for p in train_prompts) / len(train_prompts),
+        "generation": generation,
+        "train": {
+            "points": points,
+            "fwd_bwd_fit": fit_microbatch(points, "fwd_bwd_s"),
+            "fwd_fit": fit_microbatch(points, "fwd_s"),
+            "optimizer_step_s": opt_s,
+        },
+        "sync_s": sync_s,
+        "reward_s_per_sample": reward_s,
+        "device": str(device),
+        "sampler": sampler.name,
+    }
 
 
 # ============================================================================== command line
 
+
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m rapid.train (task=..., model=...)")
-    p.add_argument("--completion-len", type=float, help="mean completion length in tokens to measure at (default: "
-                   "task.max_new_tokens); with --predict, the mean to predict at (default: the measurement's)")
-    p.add_argument("--lengths-from", type=Path, help="a run that logged rollouts.jsonl: predict with its completion "
-                   "lengths (whole groups, rescaled to the mean), since a call decodes until its longest completion ends "
-                   "and a micro-batch is padded to its longest")
-    p.add_argument("--from-run", type=Path, help="a finished run: its config, overrides added, and its mean completion length")
-    p.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), help="sequences per engine call to measure")
+    p.add_argument(
+        "--completion-len",
+        type=float,
+        help="mean completion length in tokens to measure at (default: "
+        "task.max_new_tokens); with --predict, the mean to predict at (default: the measurement's)",
+    )
+    p.add_argument(
+        "--lengths-from",
+        type=Path,
+        help="a run that logged rollouts.jsonl: predict with its completion "
+        "lengths (whole groups, rescaled to the mean), since a call decodes until its longest completion ends "
+        "and a micro-batch is padded to its longest",
+    )
+    p.add_argument(
+        "--from-run", type=Path, help="a finished run: its config, overrides added, and its mean completion length"
+    )
+    p.add_argument(
+        "--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), help="sequences per engine call to measure"
+    )
     p.add_argument("--repeats", type=int, default=2, help="timings per point (the best is kept)")
-    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                   help="wall time, or this process's CPU time (one thread on one core only: taskset -c N with "
-                        "OMP_NUM_THREADS=1; other work on a shared machine then does not inflate the timings)")
+    p.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall time, or this process's CPU time (one thread on one core only: taskset -c N with "
+        "OMP_NUM_THREADS=1; other work on a shared machine then does not inflate the timings)",
+    )
     p.add_argument("--predict", type=Path, help="predict from this saved measurement JSON (no measuring)")
     p.add_argument("--h", type=int, nargs="+", default=list(DEFAULT_H), help="the H to predict")
     p.add_argument("--n-step", type=int, nargs="+", help="the n_step to predict (default: the config's)")
     p.add_argument("--n-group", type=int, help="n_group to predict (default: the measured config's)")
     p.add_argument("--tolerance", type=float, default=0.05, help="recommend the smallest H within this of the best")
     p.add_argument("--gen-scale", type=float, default=1.0, help="hypothetical: generation times x this")
-    p.add_argument("--train-scale", type=float, default=1.0, help="hypothetical: training, optimizer and sync times x this")
+    p.add_argument(
+        "--train-scale", type=float, default=1.0, help="hypothetical: training, optimizer and sync times x this"
+    )
     p.add_argument("--decode-step-s", type=float, help="hypothetical: a flat decoding step of this many seconds ...")
     p.add_argument("--decode-saturation", type=int, default=256, help="... up to this many sequences per call")
-    p.add_argument("--out", type=Path, help="JSON to write (default: experiments/results/cost_model_<device>/cost_model.json)")
+    p.add_argument(
+        "--out", type=Path, help="JSON to write (default: experiments/results/cost_model_<device>/cost_model.json)"
+    )
     args = p.parse_args(argv)
     from rapid.config import ConfigError
 
@@ -523,35 +681,63 @@ def main(argv: list[str] | None = None) -> dict:
         if args.lengths_from:
             groups = run_lengths(args.lengths_from)[1] if (args.lengths_from / "metrics.jsonl").exists() else None
             if not groups:
-                raise ConfigError(f"{args.lengths_from} has no rollouts.jsonl: pass a run made with logger.rollouts=true")
+                raise ConfigError(
+                    f"{args.lengths_from} has no rollouts.jsonl: pass a run made with logger.rollouts=true"
+                )
             cm["length_groups"], cm["length_groups_from"] = groups, str(args.lengths_from)
     except ConfigError as e:
         print(f"cost_model: {e}")
         sys.exit(2)
-    hyp = dict(gen_scale=args.gen_scale, train_scale=args.train_scale, decode_step_s=args.decode_step_s,
-               decode_saturation=args.decode_saturation)
+    hyp = dict(
+        gen_scale=args.gen_scale,
+        train_scale=args.train_scale,
+        decode_step_s=args.decode_step_s,
+        decode_saturation=args.decode_saturation,
+    )
     hypothetical_profile = args.gen_scale != 1.0 or args.train_scale != 1.0 or args.decode_step_s is not None
     model_cm = hypothetical(cm, **hyp) if hypothetical_profile else cm
     c = cm["config"]
     n_steps = args.n_step or [c["n_step"]]
     n_group = args.n_group or c["n_group"]
     predict_len = args.completion_len if args.predict else None
-    table, rows = prediction_table(model_cm, args.h, n_steps, n_group, c["micro_batch"], tolerance=args.tolerance,
-                                   completion_len=predict_len, length_groups=cm.get("length_groups"),
-                                   reference=c.get("loss") == "grpo" and c.get("kl_coef", 0) > 0,
-                                   recompute=c.get("behavior_logprobs") == "recompute", passes=c.get("num_iterations", 1))
-    head = (f"Predicted seconds per 1,000 samples, {c['model']} ({c['dtype']}, sampler {cm['sampler']}, {cm['device']}), "
-            f"task {c['task']}: prompts {cm['prompt_len_mean']:.0f} tokens on average, completions "
-            f"{predict_len or cm['completion_len']} tokens"
-            f"{' (lengths drawn from a run, rescaled to that mean)' if cm.get('length_groups') else ' (all of that length)'}; "
-            f"{machine_line(cm['machine'])}" + (", timed by CPU time on one core" if cm.get("clock") == "cpu" else "")
-            + (f", load average {cm['load_average']['before']:.1f} before and "
-                                                f"{cm['load_average']['after']:.1f} after the measurement"
-                                                if cm.get("load_average") else "") + ".")
+    table, rows = prediction_table(
+        model_cm,
+        args.h,
+        n_steps,
+        n_group,
+        c["micro_batch"],
+        tolerance=args.tolerance,
+        completion_len=predict_len,
+        length_groups=cm.get("length_groups"),
+        reference=c.get("loss") == "grpo" and c.get("kl_coef", 0) > 0,
+        recompute=c.get("behavior_logprobs") == "recompute",
+        passes=c.get("num_iterations", 1),
+    )
+    head = (
+        f"Predicted seconds per 1,000 samples, {c['model']} ({c['dtype']}, sampler {cm['sampler']}, {cm['device']}), "
+        f"task {c['task']}: prompts {cm['prompt_len_mean']:.0f} tokens on average, completions "
+        f"{predict_len or cm['completion_len']} tokens"
+        f"{' (lengths drawn from a run, rescaled to that mean)' if cm.get('length_groups') else ' (all of that length)'}; "
+        f"{machine_line(cm['machine'])}"
+        + (", timed by CPU time on one core" if cm.get("clock") == "cpu" else "")
+        + (
+            f", load average {cm['load_average']['before']:.1f} before and "
+            f"{cm['load_average']['after']:.1f} after the measurement"
+            if cm.get("load_average")
+            else ""
+        )
+        + "."
+    )
     if hypothetical_profile:
-        head += (f" **Hypothetical profile** (not measured): generation x{args.gen_scale}, training x{args.train_scale}"
-                 + (f", a flat decoding step of {args.decode_step_s} s up to {args.decode_saturation} sequences"
-                    if args.decode_step_s is not None else "") + ".")
+        head += (
+            f" **Hypothetical profile** (not measured): generation x{args.gen_scale}, training x{args.train_scale}"
+            + (
+                f", a flat decoding step of {args.decode_step_s} s up to {args.decode_saturation} sequences"
+                if args.decode_step_s is not None
+                else ""
+            )
+            + "."
+        )
     text = head + "\n\n" + table + "\n"
     print("\n" + text)
     if out is not None or not args.predict:
@@ -589,9 +775,11 @@ def measure_main(args) -> tuple[dict, Path]:
     if args.clock == "cpu":
         cores, threads = len(os.sched_getaffinity(0)), int(os.environ.get("OMP_NUM_THREADS", "0"))
         if cores != 1 or threads != 1:
-            raise ConfigError(f"--clock cpu counts the CPU time of every thread, so it needs one thread on one core "
-                              f"(this process may use {cores} cores, OMP_NUM_THREADS={threads or 'unset'}): run it as "
-                              "`OMP_NUM_THREADS=1 taskset -c 0 python tools/cost_model.py ...`")
+            raise ConfigError(
+                f"--clock cpu counts the CPU time of every thread, so it needs one thread on one core "
+                f"(this process may use {cores} cores, OMP_NUM_THREADS={threads or 'unset'}): run it as "
+                "`OMP_NUM_THREADS=1 taskset -c 0 python tools/cost_model.py ...`"
+            )
     global clock
     clock = CLOCKS[args.clock]
     print(f"measuring at completions of {L:.1f} tokens, {args.sizes} sequences per call ...", flush=True)
@@ -600,19 +788,33 @@ def measure_main(args) -> tuple[dict, Path]:
     # other work on the machine slows every timing (the CPU engine's threads wait for each other): say so
     cm["load_average"] = {"before": load_before, "after": os.getloadavg()[0], "cores": os.cpu_count()}
     if max(load_before, cm["load_average"]["after"]) > 1.5 * os.cpu_count():
-        print(f"warning: the load average was {load_before:.1f} / {cm['load_average']['after']:.1f} on "
-              f"{os.cpu_count()} cores during the measurement: other processes slowed it", flush=True)
+        print(
+            f"warning: the load average was {load_before:.1f} / {cm['load_average']['after']:.1f} on "
+            f"{os.cpu_count()} cores during the measurement: other processes slowed it",
+            flush=True,
+        )
     a = cfg.algorithm
     cm["completion_len_asked"] = L
     cm["clock"] = args.clock
     cm["length_groups"] = length_groups
     cm["machine"] = machine_info()
-    cm["config"] = {"model": cfg.model.name, "dtype": cfg.model.dtype, "task": cfg.task.name, "n_group": a.n_group,
-                    "n_step": a.n_step, "H": a.H, "micro_batch": cfg.train.micro_batch, "loss": a.loss,
-                    "kl_coef": a.get("kl_coef", 0.0), "behavior_logprobs": a.behavior_logprobs,
-                    "num_iterations": a.get("num_iterations", 1), "sampler": cfg.sampler.name,
-                    "temperature": cfg.sampler.temperature, "overrides": overrides,
-                    "from_run": str(args.from_run) if args.from_run else None}
+    cm["config"] = {
+        "model": cfg.model.name,
+        "dtype": cfg.model.dtype,
+        "task": cfg.task.name,
+        "n_group": a.n_group,
+        "n_step": a.n_step,
+        "H": a.H,
+        "micro_batch": cfg.train.micro_batch,
+        "loss": a.loss,
+        "kl_coef": a.get("kl_coef", 0.0),
+        "behavior_logprobs": a.behavior_logprobs,
+        "num_iterations": a.get("num_iterations", 1),
+        "sampler": cfg.sampler.name,
+        "temperature": cfg.sampler.temperature,
+        "overrides": overrides,
+        "from_run": str(args.from_run) if args.from_run else None,
+    }
     cm["date"] = time.strftime("%Y-%m-%d")
     cm["command"] = " ".join(["python tools/cost_model.py", *sys.argv[1:]])
     out = args.out or REPO / "experiments" / "results" / f"cost_model_{cm['device'].split(':')[0]}" / "cost_model.json"

@@ -15,6 +15,7 @@ programs written in ways that trip graders: results returned as numpy scalars (`
 printed at import and 64 kB per call (`print`), and with --slow 0.25 s of sleep per call (`slow`).
 Writes rows.csv (task, program, both verdicts) and summary.md into --out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,12 +31,28 @@ import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SLOW_REFERENCE_S = 5.0     # tasks whose reference takes longer in all are reported apart (timing-bound)
+SLOW_REFERENCE_S = 5.0  # tasks whose reference takes longer in all are reported apart (timing-bound)
 
-SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Add, ast.FloorDiv: ast.Mult, ast.Div: ast.Mult,
-        ast.Mod: ast.FloorDiv}
-FLIP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
-        ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+SWAP = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Add,
+    ast.FloorDiv: ast.Mult,
+    ast.Div: ast.Mult,
+    ast.Mod: ast.FloorDiv,
+}
+FLIP = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+}
 
 
 def evalplus():
@@ -52,8 +69,14 @@ def evalplus():
     from evalplus.eval import PASS, untrusted_check
     from evalplus.eval._special_oracle import MBPP_OUTPUT_NOT_NONE_TASKS
     from evalplus.gen.util import trusted_exec
-    return types.SimpleNamespace(deserialize=mbpp_deserialize_inputs, untrusted_check=untrusted_check, PASS=PASS,
-                                 not_none=MBPP_OUTPUT_NOT_NONE_TASKS, trusted_exec=trusted_exec)
+
+    return types.SimpleNamespace(
+        deserialize=mbpp_deserialize_inputs,
+        untrusted_check=untrusted_check,
+        PASS=PASS,
+        not_none=MBPP_OUTPUT_NOT_NONE_TASKS,
+        trusted_exec=trusted_exec,
+    )
 
 
 def mutants(code: str) -> list[str]:
@@ -100,7 +123,13 @@ def programs(record: dict, slow: bool = False) -> list[tuple[str, str]]:
     """(kind, code) for the canonical solution, its mutants and its correct variants."""
     code, entry = record["canonical_solution"], record["entry_point"]
     out = [("canonical", code)] + [(f"mutant{i}", m) for i, m in enumerate(mutants(code))]
-    out.append(("numpy", _wrapped(code, entry, """
+    out.append(
+        (
+            "numpy",
+            _wrapped(
+                code,
+                entry,
+                """
 import numpy as np
 r = _original(*args)
 if type(r) is bool:
@@ -111,9 +140,18 @@ if type(r) is float:
     return np.float64(r)
 if type(r) is list and r and all(type(v) is float for v in r):
     return [np.float64(v) for v in r]
-return r""")))
-    out.append(("print", _wrapped(code, entry, "print('p' * (1 << 16))\nreturn _original(*args)",
-                                  prelude="print('y' * (20 << 20))\n")))
+return r""",
+            ),
+        )
+    )
+    out.append(
+        (
+            "print",
+            _wrapped(
+                code, entry, "print('p' * (1 << 16))\nreturn _original(*args)", prelude="print('y' * (20 << 20))\n"
+            ),
+        )
+    )
     if slow:
         out.append(("slow", _wrapped(code, entry, "import time\ntime.sleep(0.25)\nreturn _original(*args)")))
     return out
@@ -128,14 +166,25 @@ class EvalPlusJudge:
         self.expected, self.times = {}, {}
         for k, inputs in self.inputs.items():
             self.expected[k], self.times[k] = ep.trusted_exec(
-                record["prompt"] + record["canonical_solution"], inputs, record["entry_point"], record_time=True,
-                output_not_none=record["entry_point"] in ep.not_none)
+                record["prompt"] + record["canonical_solution"],
+                inputs,
+                record["entry_point"],
+                record_time=True,
+                output_not_none=record["entry_point"] in ep.not_none,
+            )
 
     def __call__(self, code: str) -> bool:
         for k in ("base", "plus"):
-            status, _ = self.ep.untrusted_check("mbpp", code, self.inputs[k], self.record["entry_point"],
-                                                expected=self.expected[k], atol=self.record["atol"],
-                                                ref_time=self.times[k], fast_check=True)
+            status, _ = self.ep.untrusted_check(
+                "mbpp",
+                code,
+                self.inputs[k],
+                self.record["entry_point"],
+                expected=self.expected[k],
+                atol=self.record["atol"],
+                ref_time=self.times[k],
+                fast_check=True,
+            )
             if status != self.ep.PASS:
                 return False
         return True
@@ -144,6 +193,7 @@ class EvalPlusJudge:
 def rapid_verdict(record: dict, code: str) -> bool:
     sys.path.insert(0, str(REPO))
     from rapid.tasks import mbpp_plus
+
     return mbpp_plus.reward(f"```python\n{code}\n```", {**record, "grading": {}}) == 1.0
 
 
@@ -151,8 +201,13 @@ def evalplus_verdicts(record: dict, codes: list[str]) -> tuple[list[bool], float
     """EvalPlus's verdicts, and its reference's seconds in all, from a fresh interpreter that
     imports only evalplus (as `evalplus.evaluate`'s workers do): its checker forks that process
     under a 4 GB address-space limit, so a grader holding torch would fail programs EvalPlus passes."""
-    proc = subprocess.run([sys.executable, __file__, "--judge"], input=json.dumps([record, codes]),
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--judge"],
+        input=json.dumps([record, codes]),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     verdicts, seconds = json.loads(proc.stdout.strip().splitlines()[-1])
     return verdicts, seconds
 
@@ -172,9 +227,18 @@ def compare(records: list[dict], slow: bool = False, log=print) -> list[dict]:
         kinds_codes = programs(record, slow)
         verdicts, reference_s = evalplus_verdicts(record, [code for _, code in kinds_codes])
         for (kind, code), verdict in zip(kinds_codes, verdicts):
-            rows.append({"task_id": record["task_id"], "program": kind, "evalplus": verdict,
-                         "rapid": rapid_verdict(record, code), "reference_s": round(reference_s, 3)})
-            log(f"{record['task_id']:>9} {kind:<10} evalplus={rows[-1]['evalplus']!s:<5} rapid={rows[-1]['rapid']!s:<5}")
+            rows.append(
+                {
+                    "task_id": record["task_id"],
+                    "program": kind,
+                    "evalplus": verdict,
+                    "rapid": rapid_verdict(record, code),
+                    "reference_s": round(reference_s, 3),
+                }
+            )
+            log(
+                f"{record['task_id']:>9} {kind:<10} evalplus={rows[-1]['evalplus']!s:<5} rapid={rows[-1]['rapid']!s:<5}"
+            )
         log(f"{record['task_id']:>9} {time.monotonic() - start:.1f}s")
     return rows
 
@@ -211,22 +275,44 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(rows)
     kinds = sorted({r["program"] for r in rows}, key=lambda k: (k.startswith("mutant"), k))
-    lines = [f"# rapid vs EvalPlus 0.3.1 verdicts on MBPP+ ({len(records)} tasks, seed {args.seed})", "",
-             f"CPU: {cpu()}", f"Python {platform.python_version()}; {time.monotonic() - start:.0f} s in all", "",
-             "`python tools/evalplus_agreement.py " + " ".join(sys.argv[1:]) + "`", "",
-             "| program | n | EvalPlus passes | rapid passes | verdicts agree |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"# rapid vs EvalPlus 0.3.1 verdicts on MBPP+ ({len(records)} tasks, seed {args.seed})",
+        "",
+        f"CPU: {cpu()}",
+        f"Python {platform.python_version()}; {time.monotonic() - start:.0f} s in all",
+        "",
+        "`python tools/evalplus_agreement.py " + " ".join(sys.argv[1:]) + "`",
+        "",
+        "| program | n | EvalPlus passes | rapid passes | verdicts agree |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for kind in kinds + ["all"]:
         sel = [r for r in rows if kind in ("all", r["program"])]
-        lines.append(f"| {kind} | {len(sel)} | {sum(r['evalplus'] for r in sel)} | {sum(r['rapid'] for r in sel)} | "
-                     f"{sum(r['evalplus'] == r['rapid'] for r in sel)} |")
+        lines.append(
+            f"| {kind} | {len(sel)} | {sum(r['evalplus'] for r in sel)} | {sum(r['rapid'] for r in sel)} | "
+            f"{sum(r['evalplus'] == r['rapid'] for r in sel)} |"
+        )
     fast = [r for r in rows if r["reference_s"] <= SLOW_REFERENCE_S]
-    lines += ["", f"Tasks whose reference solution takes at most {SLOW_REFERENCE_S:g} s on all its tests (in "
-              f"EvalPlus's trusted_exec): {len({r['task_id'] for r in fast})}, programs {len(fast)}, verdicts agree "
-              f"{sum(r['evalplus'] == r['rapid'] for r in fast)}. The others' verdicts depend on the machine's speed "
-              "and load in both checkers (their whole-phase cap is min(60 s, the sum of the test limits)).", ""]
+    lines += [
+        "",
+        f"Tasks whose reference solution takes at most {SLOW_REFERENCE_S:g} s on all its tests (in "
+        f"EvalPlus's trusted_exec): {len({r['task_id'] for r in fast})}, programs {len(fast)}, verdicts agree "
+        f"{sum(r['evalplus'] == r['rapid'] for r in fast)}. The others' verdicts depend on the machine's speed "
+        "and load in both checkers (their whole-phase cap is min(60 s, the sum of the test limits)).",
+        "",
+    ]
     disagree = [r for r in rows if r["evalplus"] != r["rapid"]]
-    lines += ["Disagreements: " + (", ".join(f"{r['task_id']} {r['program']} (EvalPlus {'pass' if r['evalplus'] else 'fail'}, "
-                                             f"reference {r['reference_s']:.1f} s)" for r in disagree) or "none")]
+    lines += [
+        "Disagreements: "
+        + (
+            ", ".join(
+                f"{r['task_id']} {r['program']} (EvalPlus {'pass' if r['evalplus'] else 'fail'}, "
+                f"reference {r['reference_s']:.1f} s)"
+                for r in disagree
+            )
+            or "none"
+        )
+    ]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

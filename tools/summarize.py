@@ -1,8 +1,9 @@
 """Tabulate finished runs: one row per run directory, from its config.yaml and summary.json.
 
-    python tools/summarize.py multirun/2026-11-21_10-00-00/*          # a sweep
-    python tools/summarize.py outputs/* --keys algorithm.H seed --csv out.csv
+python tools/summarize.py multirun/2026-11-21_10-00-00/*          # a sweep
+python tools/summarize.py outputs/* --keys algorithm.H seed --csv out.csv
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,9 @@ def rows(run_dirs: list[Path], keys: list[str]) -> list[dict]:
             continue
         cfg = OmegaConf.load(d / "config.yaml")
         summary = json.loads((d / "summary.json").read_text())
-        out.append({"run": d.name, **{k: OmegaConf.select(cfg, k) for k in keys},
-                    **{m: summary.get(m) for m in METRICS}})
+        out.append(
+            {"run": d.name, **{k: OmegaConf.select(cfg, k) for k in keys}, **{m: summary.get(m) for m in METRICS}}
+        )
     return out
 
 

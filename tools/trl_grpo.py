@@ -43,6 +43,7 @@ memory of training) and metrics.jsonl (TRL's log row of every optimizer step). T
              and backwards, optimizer steps, TRL's bookkeeping.
 Evaluation is timed apart (time/eval_s).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,9 +72,9 @@ from rapid.seeding import ENGINE_STREAM, EVAL_STREAM, PROMPT_STREAM, derive_seed
 from rapid.tasks import load_splits
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-LOSS_TYPES = {"seq_mean_token_mean": "grpo", "token_mean": "bnpo", "constant": "dr_grpo"}   # algorithm.aggregation
-SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}     # optim.schedule
-MIB = 2 ** 20
+LOSS_TYPES = {"seq_mean_token_mean": "grpo", "token_mean": "bnpo", "constant": "dr_grpo"}  # algorithm.aggregation
+SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}  # optim.schedule
+MIB = 2**20
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
@@ -90,10 +91,12 @@ def prompt_texts(tokenizer, prompts: list[list[int]]) -> list[str]:
     again = tokenizer(text=texts)["input_ids"]
     bad = [i for i, (a, b) in enumerate(zip(again, prompts)) if list(a) != list(b)]
     if bad:
-        raise ConfigError(f"{len(bad)} of {len(prompts)} prompts do not survive decode + TRL's re-tokenization "
-                          f"(first: prompt {bad[0]}, {len(prompts[bad[0]])} ids -> {len(again[bad[0]])}), so TRL would "
-                          "train on other tokens than rapid: use a tokenizer that adds no special tokens and "
-                          "round-trips its own output")
+        raise ConfigError(
+            f"{len(bad)} of {len(prompts)} prompts do not survive decode + TRL's re-tokenization "
+            f"(first: prompt {bad[0]}, {len(prompts[bad[0]])} ids -> {len(again[bad[0]])}), so TRL would "
+            "train on other tokens than rapid: use a tokenizer that adds no special tokens and "
+            "round-trips its own output"
+        )
     return texts
 
 
@@ -103,31 +106,63 @@ def grpo_options(cfg: DictConfig, world: int, use_cpu: bool, out: Path) -> dict:
     iterations = a.get("num_iterations", 1)
     return dict(
         # a generation of n_inference = H * n_step completions, then H steps of n_step, `iterations` times
-        num_generations=a.n_group, per_device_train_batch_size=a.n_step // world, gradient_accumulation_steps=1,
-        steps_per_generation=a.H, num_iterations=iterations, max_steps=cfg.rounds * a.H * iterations,
-        shuffle_dataset=False,                     # the dataset is already rapid's prompt order
+        num_generations=a.n_group,
+        per_device_train_batch_size=a.n_step // world,
+        gradient_accumulation_steps=1,
+        steps_per_generation=a.H,
+        num_iterations=iterations,
+        max_steps=cfg.rounds * a.H * iterations,
+        shuffle_dataset=False,  # the dataset is already rapid's prompt order
         # sampling: plain temperature sampling with transformers generate
-        max_completion_length=cfg.task.max_new_tokens, temperature=cfg.sampler.temperature, top_p=1.0, top_k=0,
-        min_p=None, repetition_penalty=1.0, use_vllm=False,
+        max_completion_length=cfg.task.max_new_tokens,
+        temperature=cfg.sampler.temperature,
+        top_p=1.0,
+        top_k=0,
+        min_p=None,
+        repetition_penalty=1.0,
+        use_vllm=False,
         generation_kwargs={"min_new_tokens": cfg.task.max_new_tokens} if cfg.sampler.get("ignore_eos") else None,
-        vllm_importance_sampling_correction=False,   # corrects vLLM-vs-trainer log-probs: only with use_vllm
+        vllm_importance_sampling_correction=False,  # corrects vLLM-vs-trainer log-probs: only with use_vllm
         # the loss
-        loss_type=LOSS_TYPES[a.aggregation], beta=a.get("kl_coef", 0.0), epsilon=a.get("clip_eps", 0.2),
-        epsilon_high=a.get("clip_eps", 0.2), scale_rewards="group", importance_sampling_level="token",
-        use_bias_correction_kl=False, mask_truncated_completions=False, top_entropy_quantile=1.0, entropy_coef=0.0,
+        loss_type=LOSS_TYPES[a.aggregation],
+        beta=a.get("kl_coef", 0.0),
+        epsilon=a.get("clip_eps", 0.2),
+        epsilon_high=a.get("clip_eps", 0.2),
+        scale_rewards="group",
+        importance_sampling_level="token",
+        use_bias_correction_kl=False,
+        mask_truncated_completions=False,
+        top_entropy_quantile=1.0,
+        entropy_coef=0.0,
         # the optimizer
-        optim="adamw_torch_fused", learning_rate=o.lr,   # fused, as rapid's
-        adam_beta1=o.betas[0], adam_beta2=o.betas[1], adam_epsilon=1e-8,
-        weight_decay=o.weight_decay, max_grad_norm=o.grad_clip, lr_scheduler_type=SCHEDULES[o.schedule],
+        optim="adamw_torch_fused",
+        learning_rate=o.lr,  # fused, as rapid's
+        adam_beta1=o.betas[0],
+        adam_beta2=o.betas[1],
+        adam_epsilon=1e-8,
+        weight_decay=o.weight_decay,
+        max_grad_norm=o.grad_clip,
+        lr_scheduler_type=SCHEDULES[o.schedule],
         warmup_steps=o.warmup_steps,
         # precision and memory: fp32 master weights, bf16 autocast when model.dtype=bfloat16
-        bf16=cfg.model.dtype == "bfloat16", fp16=False, gradient_checkpointing=cfg.model.gradient_checkpointing,
-        gradient_checkpointing_kwargs={"use_reentrant": False}, use_cpu=use_cpu,
-        ddp_find_unused_parameters=False,          # under torchrun, as rapid's DDP (every parameter is used)
+        bf16=cfg.model.dtype == "bfloat16",
+        fp16=False,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+        use_cpu=use_cpu,
+        ddp_find_unused_parameters=False,  # under torchrun, as rapid's DDP (every parameter is used)
         # plumbing: log every step, no checkpoints, no evaluation inside TRL
-        seed=cfg.seed, output_dir=str(out), report_to="none", save_strategy="no", eval_strategy="no",
-        logging_strategy="steps", logging_steps=1, log_completions=False, dataloader_num_workers=0,
-        remove_unused_columns=False, disable_tqdm=not cfg.logger.progress,
+        seed=cfg.seed,
+        output_dir=str(out),
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="steps",
+        logging_steps=1,
+        log_completions=False,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        disable_tqdm=not cfg.logger.progress,
     )
 
 
@@ -170,7 +205,7 @@ def timed(trainer_class):
                 return super()._calculate_rewards(*args, **kwargs)
 
         def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
-            if not self._scoring:                  # the loss forward of a training step
+            if not self._scoring:  # the loss forward of a training step
                 return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
             with self._timed("ref_logprob" if model is self.ref_model else "old_logprob"):
                 return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
@@ -193,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
     if a.aggregation not in LOSS_TYPES:
         raise ConfigError(f"algorithm.aggregation={a.aggregation} must be one of {', '.join(LOSS_TYPES)}")
     try:
-        with warnings.catch_warnings():    # TRL warns about the vLLM version; its vLLM path is not used here
+        with warnings.catch_warnings():  # TRL warns about the vLLM version; its vLLM path is not used here
             warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
             import trl
             from datasets import Dataset
@@ -201,11 +236,12 @@ def main(argv: list[str] | None = None) -> dict:
     except ImportError:
         raise ConfigError("TRL is not installed: run `pip install -e '.[bench]'`") from None
     torch.manual_seed(cfg.seed)
-    model, tokenizer = load_model_and_tokenizer(cfg.model.path, cfg.model.gguf, cfg.model.architecture,
-                                                cfg.model.gradient_checkpointing, seed=cfg.seed)
+    model, tokenizer = load_model_and_tokenizer(
+        cfg.model.path, cfg.model.gguf, cfg.model.architecture, cfg.model.gradient_checkpointing, seed=cfg.seed
+    )
     task, train_records, train_prompts, eval_records, eval_prompts = load_splits(cfg.task, tokenizer, cfg.eval.n)
     n_prompts = a.n_inference // a.n_group
-    if cfg.rounds is None:   # whole epochs over the training set, as rapid.train
+    if cfg.rounds is None:  # whole epochs over the training set, as rapid.train
         cfg.rounds = math.ceil(cfg.epochs * len(train_records) / n_prompts)
     # rapid's prompt order: the run's stream, n_prompts per round
     stream = PromptStream(len(train_records), derive_seed(cfg.seed, PROMPT_STREAM))
@@ -214,9 +250,14 @@ def main(argv: list[str] | None = None) -> dict:
     dataset = Dataset.from_dict({"prompt": [texts[i] for i in order], "record": order})
 
     def task_reward(completions: list[str], record: list[int], log_metric, **_) -> list[float]:
-        rewards, failed = score(task, completions, [train_records[i] for i in record],
-                                workers=cfg.reward.workers, timeout=cfg.reward.timeout_s)
-        log_metric("train/reward_failures", failed)   # crashed or timed-out checks, scored 0 (as in rapid)
+        rewards, failed = score(
+            task,
+            completions,
+            [train_records[i] for i in record],
+            workers=cfg.reward.workers,
+            timeout=cfg.reward.timeout_s,
+        )
+        log_metric("train/reward_failures", failed)  # crashed or timed-out checks, scored 0 (as in rapid)
         return rewards
 
     use_cpu = cfg.device == "cpu" or not torch.cuda.is_available()
@@ -232,8 +273,13 @@ def main(argv: list[str] | None = None) -> dict:
             # TRL loads its reference model from the policy's `name_or_path`; a random model has none
             model.save_pretrained(reference_dir)
             model.config._name_or_path = reference_dir
-        trainer = timed(GRPOTrainer)(model=model, reward_funcs=task_reward, args=GRPOConfig(**options),
-                                     train_dataset=dataset, processing_class=tokenizer)
+        trainer = timed(GRPOTrainer)(
+            model=model,
+            reward_funcs=task_reward,
+            args=GRPOConfig(**options),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+        )
     device = trainer.accelerator.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -242,40 +288,67 @@ def main(argv: list[str] | None = None) -> dict:
     trainer.train()
     total_s = time.perf_counter() - t0
     clock = trainer.clock
-    memory = {"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}   # Linux: KiB
+    memory = {"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
     if device.type == "cuda":
-        memory |= {"mem/cuda_alloc_mib_max": torch.cuda.max_memory_allocated() / MIB,
-                   "mem/cuda_reserved_mib_max": torch.cuda.max_memory_reserved() / MIB}
-        torch.cuda.empty_cache()   # hand cached blocks back before a vLLM engine sizes itself
+        memory |= {
+            "mem/cuda_alloc_mib_max": torch.cuda.max_memory_allocated() / MIB,
+            "mem/cuda_reserved_mib_max": torch.cuda.max_memory_reserved() / MIB,
+        }
+        torch.cuda.empty_cache()  # hand cached blocks back before a vLLM engine sizes itself
 
     # held-out evaluation as rapid.train's, with a sampler built now
     policy = unwrap(trainer.model)
     t1 = time.perf_counter()
-    sampler = make_sampler(cfg.sampler, policy, tokenizer, DTYPES[cfg.model.dtype],
-                           seed=derive_seed(cfg.seed, ENGINE_STREAM, 0) % 2**31)   # rank 0's seed in rapid, on every rank
-    final = evaluate(sampler, task, eval_records, eval_prompts, max_new_tokens=cfg.task.max_new_tokens,
-                     temperature=cfg.eval.temperature, n_samples=cfg.eval.n_samples,
-                     sample_temperature=cfg.sampler.temperature, ks=tuple(cfg.eval.ks), device=device,
-                     seed=derive_seed(cfg.seed, EVAL_STREAM) % 2**31)
+    sampler = make_sampler(
+        cfg.sampler, policy, tokenizer, DTYPES[cfg.model.dtype], seed=derive_seed(cfg.seed, ENGINE_STREAM, 0) % 2**31
+    )  # rank 0's seed in rapid, on every rank
+    final = evaluate(
+        sampler,
+        task,
+        eval_records,
+        eval_prompts,
+        max_new_tokens=cfg.task.max_new_tokens,
+        temperature=cfg.eval.temperature,
+        n_samples=cfg.eval.n_samples,
+        sample_temperature=cfg.sampler.temperature,
+        ks=tuple(cfg.eval.ks),
+        device=device,
+        seed=derive_seed(cfg.seed, EVAL_STREAM) % 2**31,
+    )
     eval_s = time.perf_counter() - t1
 
-    summary = {"eval/accuracy_after": final["eval/accuracy"], "eval/n": final["eval/n"], "rounds": cfg.rounds,
-               "samples": cfg.rounds * a.n_inference, "optimizer_steps": trainer.state.global_step,
-               "algorithm": "trl_grpo", "sampler": "trl-hf-generate", "eval_sampler": sampler.name,
-               "time/total_s": total_s, "time/rounds_s_total": total_s,   # rapid's name for the training loop
-               # rapid's phases: its reference forward is part of "train", its old-policy forward "recompute"
-               "time/generate_s_total": clock["generate_and_score"] - clock["reward"] - clock["old_logprob"]
-               - clock["ref_logprob"],
-               "time/reward_s_total": clock["reward"], "time/recompute_s_total": clock["old_logprob"],
-               "time/train_s_total": total_s - clock["generate_and_score"] + clock["ref_logprob"],
-               "time/generate_sampling_s_total": clock["sampling"],
-               "time/generate_old_logprob_s_total": clock["old_logprob"],
-               "time/generate_ref_logprob_s_total": clock["ref_logprob"],
-               "time/eval_s": eval_s, **memory, "device": str(device), "world_size": world,
-               "trl_version": trl.__version__, "options": options}
+    summary = {
+        "eval/accuracy_after": final["eval/accuracy"],
+        "eval/n": final["eval/n"],
+        "rounds": cfg.rounds,
+        "samples": cfg.rounds * a.n_inference,
+        "optimizer_steps": trainer.state.global_step,
+        "algorithm": "trl_grpo",
+        "sampler": "trl-hf-generate",
+        "eval_sampler": sampler.name,
+        "time/total_s": total_s,
+        "time/rounds_s_total": total_s,  # rapid's name for the training loop
+        # rapid's phases: its reference forward is part of "train", its old-policy forward "recompute"
+        "time/generate_s_total": clock["generate_and_score"]
+        - clock["reward"]
+        - clock["old_logprob"]
+        - clock["ref_logprob"],
+        "time/reward_s_total": clock["reward"],
+        "time/recompute_s_total": clock["old_logprob"],
+        "time/train_s_total": total_s - clock["generate_and_score"] + clock["ref_logprob"],
+        "time/generate_sampling_s_total": clock["sampling"],
+        "time/generate_old_logprob_s_total": clock["old_logprob"],
+        "time/generate_ref_logprob_s_total": clock["ref_logprob"],
+        "time/eval_s": eval_s,
+        **memory,
+        "device": str(device),
+        "world_size": world,
+        "trl_version": trl.__version__,
+        "options": options,
+    }
     if is_main:
         args.out.mkdir(parents=True, exist_ok=True)
-        steps = [row for row in trainer.state.log_history if "train_runtime" not in row]   # not the final summary
+        steps = [row for row in trainer.state.log_history if "train_runtime" not in row]  # not the final summary
         (args.out / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in steps))
         (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
         print(json.dumps(summary, indent=2))

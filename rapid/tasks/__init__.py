@@ -10,6 +10,7 @@ the completion and the record. The built-in tasks live in this package; `task.mo
 module of any other task, e.g. `python -m rapid.train task.module=my_package.my_task task.name=mine`
 (it must be importable, also by reward worker processes).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -24,12 +25,16 @@ TASK_FUNCTIONS = ("load", "build_prompts", "reward")
 def get_task(name: str, module: str | None = None) -> ModuleType:
     """The module of a built-in task by `name`, or the module named by `module` (a plugin task)."""
     if module is not None and module.startswith("rapid.tasks.") and module != f"rapid.tasks.{name}":
-        raise ConfigError(f"task.name={name} does not match task.module={module}: choose a built-in task with "
-                          f"task=<name> ({', '.join(TASKS)}), or point task.module at your own task's module")
+        raise ConfigError(
+            f"task.name={name} does not match task.module={module}: choose a built-in task with "
+            f"task=<name> ({', '.join(TASKS)}), or point task.module at your own task's module"
+        )
     if module is None:
         if name not in TASKS:
-            raise ConfigError(f"unknown task '{name}': choose one of {', '.join(TASKS)}, or set task.module to "
-                              "the module of your own task")
+            raise ConfigError(
+                f"unknown task '{name}': choose one of {', '.join(TASKS)}, or set task.module to "
+                "the module of your own task"
+            )
         module = f"rapid.tasks.{name}"
     try:
         task = importlib.import_module(module)
@@ -37,20 +42,27 @@ def get_task(name: str, module: str | None = None) -> ModuleType:
         raise ConfigError(f"task.module={module} cannot be imported ({e}): put its package on PYTHONPATH") from e
     missing = [f for f in TASK_FUNCTIONS if not callable(getattr(task, f, None))]
     if missing:
-        raise ConfigError(f"task.module={module} lacks {', '.join(missing)}: a task module defines load(split, **cfg), "
-                          "build_prompts(records, tokenizer, **cfg) and reward(completion, record)")
+        raise ConfigError(
+            f"task.module={module} lacks {', '.join(missing)}: a task module defines load(split, **cfg), "
+            "build_prompts(records, tokenizer, **cfg) and reward(completion, record)"
+        )
     return task
 
 
-def encode_prompts(user_texts: list[str], tokenizer, system: str = "", use_chat_template: bool = True,
-                   plain_format: str = "{text}") -> list[list[int]]:
+def encode_prompts(
+    user_texts: list[str], tokenizer, system: str = "", use_chat_template: bool = True, plain_format: str = "{text}"
+) -> list[list[int]]:
     """Token ids of one single-turn prompt per text: the tokenizer's chat template (optional system
     message, then the user turn) when asked for and available, else the plain text
     `system + "\\n\\n" + plain_format.format(text=text)` (e.g. "Question: {text}\\nAnswer:")."""
     if use_chat_template and getattr(tokenizer, "chat_template", None):
         head = [{"role": "system", "content": system}] if system else []
-        texts = [tokenizer.apply_chat_template(head + [{"role": "user", "content": t}], tokenize=False,
-                                               add_generation_prompt=True) for t in user_texts]
+        texts = [
+            tokenizer.apply_chat_template(
+                head + [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
+            )
+            for t in user_texts
+        ]
     else:
         texts = [(system + "\n\n" if system else "") + plain_format.format(text=t) for t in user_texts]
     return tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -67,5 +79,10 @@ def load_splits(task_cfg, tokenizer, n_eval: int | None = None):
     task = get_task(task_cfg.name, task_cfg.module)
     train_records = task.load("train", **task_cfg)
     eval_records = task.load("test", **task_cfg)[:n_eval]
-    return (task, train_records, task.build_prompts(train_records, tokenizer, **task_cfg),
-            eval_records, task.build_prompts(eval_records, tokenizer, **task_cfg))
+    return (
+        task,
+        train_records,
+        task.build_prompts(train_records, tokenizer, **task_cfg),
+        eval_records,
+        task.build_prompts(eval_records, tokenizer, **task_cfg),
+    )

@@ -11,6 +11,7 @@ The order of precedence for a split (`train`/`test`):
 Every failure a user can fix (missing file, offline machine, no `datasets`) is one `ConfigError`
 sentence that says to set `task.data_path` or `RAPID_DATA_DIR`.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,10 @@ from pathlib import Path
 from rapid.config import ConfigError
 
 DATA_DIR_ENV = "RAPID_DATA_DIR"
-_HOW = (f"set task.data_path to a local JSON Lines file or folder, or {DATA_DIR_ENV} to a folder laid out like "
-        "../shared/data")
+_HOW = (
+    f"set task.data_path to a local JSON Lines file or folder, or {DATA_DIR_ENV} to a folder laid out like "
+    "../shared/data"
+)
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -38,7 +41,9 @@ def read_jsonl(path: str | Path) -> list[dict]:
                     except json.JSONDecodeError as e:
                         raise ConfigError(f"{path}:{n} is not valid JSON ({e.msg}): fix or replace the file") from None
                     if not isinstance(records[-1], dict):
-                        raise ConfigError(f"{path}:{n} is not a JSON object (one record per line): fix or replace the file")
+                        raise ConfigError(
+                            f"{path}:{n} is not a JSON object (one record per line): fix or replace the file"
+                        )
     except UnicodeDecodeError:
         raise ConfigError(f"{path} is not UTF-8 text (a binary file?): point the task at a JSON Lines file") from None
     except IsADirectoryError:
@@ -53,12 +58,15 @@ def require_fields(records: list[dict], fields: tuple[str, ...], task: str) -> N
     for n, r in enumerate(records, 1):
         missing = [k for k in fields if r.get(k) is None]
         if missing:
-            raise ConfigError(f"{task} record {n} lacks the field{'s' if len(missing) > 1 else ''} "
-                              f"{', '.join(missing)}: every record needs {', '.join(fields)} ({_HOW})")
+            raise ConfigError(
+                f"{task} record {n} lacks the field{'s' if len(missing) > 1 else ''} "
+                f"{', '.join(missing)}: every record needs {', '.join(fields)} ({_HOW})"
+            )
 
 
-def load_split(task: str, split: str, files: Mapping[str, str], hub: Mapping[str, str],
-               data_path: str | None = None) -> list[dict]:
+def load_split(
+    task: str, split: str, files: Mapping[str, str], hub: Mapping[str, str], data_path: str | None = None
+) -> list[dict]:
     """Records of `split` for `task`, from `data_path`, else $RAPID_DATA_DIR, else the Hub."""
     if split not in files:
         raise ConfigError(f"unknown split '{split}' for task {task}: use one of {', '.join(files)}")
@@ -73,8 +81,10 @@ def load_split(task: str, split: str, files: Mapping[str, str], hub: Mapping[str
         return load_hub(task, hub.get(split, ""))
     path = root / files[split]
     if not path.is_file():
-        raise ConfigError(f"{where} has no {files[split]} for the {split} split of task {task}: point it at "
-                          "a folder laid out like ../shared/data or at the .jsonl file itself")
+        raise ConfigError(
+            f"{where} has no {files[split]} for the {split} split of task {task}: point it at "
+            "a folder laid out like ../shared/data or at the .jsonl file itself"
+        )
     return read_jsonl(path)
 
 
@@ -95,10 +105,13 @@ def load_hub(task: str, spec: str) -> list[dict]:
     try:
         import datasets
     except ImportError:
-        raise ConfigError(f"cannot read {spec} from the Hugging Face Hub because the `datasets` package is not "
-                          f"installed: {_HOW} (or pip install datasets)") from None
+        raise ConfigError(
+            f"cannot read {spec} from the Hugging Face Hub because the `datasets` package is not "
+            f"installed: {_HOW} (or pip install datasets)"
+        ) from None
     try:
         return [dict(r) for r in datasets.load_dataset(dataset_id, config, split=split)]
     except Exception as e:  # network, auth, missing split: all end the same way for the user
-        raise ConfigError(f"could not load {spec} from the Hugging Face Hub ({type(e).__name__}; offline?): "
-                          f"{_HOW}") from None
+        raise ConfigError(
+            f"could not load {spec} from the Hugging Face Hub ({type(e).__name__}; offline?): {_HOW}"
+        ) from None

@@ -1,6 +1,7 @@
 """Answer extraction and comparison shared by the tasks graded on a final \\boxed{} answer:
 `last_boxed`, `parse_number` (exact numbers as fractions), `boxed_number_reward`, and `SYMBOLIC`,
 a time-bounded math-verify (sympy) equivalence check that is safe in threads and worker processes."""
+
 from __future__ import annotations
 
 import atexit
@@ -105,9 +106,9 @@ class SymbolicChecker:
     def __init__(self, startup_timeout_s: float = 120.0):
         self.startup_timeout_s = startup_timeout_s
         self._proc: subprocess.Popen | None = None
-        self._pid = 0                        # the process that started self._proc (reset after fork)
+        self._pid = 0  # the process that started self._proc (reset after fork)
         self._lock = threading.Lock()
-        self.timeouts = 0                    # checks that ran out of time in this process
+        self.timeouts = 0  # checks that ran out of time in this process
 
     def equal(self, gold: str, pred: str, timeout_s: float) -> bool:
         with self._lock:
@@ -139,8 +140,12 @@ class SymbolicChecker:
             return self._proc
         if importlib.util.find_spec("math_verify") is None:
             raise ConfigError("symbolic answer checking needs math-verify: pip install math-verify")
-        self._proc = subprocess.Popen([sys.executable, "-I", "-c", _SYMBOLIC_SERVER, str(os.getpid())],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", _SYMBOLIC_SERVER, str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
         self._pid = os.getpid()
         if self._readline(self._proc, self.startup_timeout_s) != "ready":
             self.close()

@@ -8,6 +8,7 @@ Grading: the model's answer is the content of the last `\\boxed{}` if there is o
 number in the completion; thousands commas and `$` are ignored. Reward 1.0 if it equals the
 reference exactly (as a fraction: `18`, `18.0` and `18.00` are equal), else 0.0.
 """
+
 from __future__ import annotations
 
 import re
@@ -33,11 +34,13 @@ def load(split: str, data_path: str | None = None, **_) -> list[dict]:
     return records
 
 
-def build_prompts(records: list[dict], tokenizer, system: str = "", use_chat_template: bool = True,
-                  **_) -> list[list[int]]:
+def build_prompts(
+    records: list[dict], tokenizer, system: str = "", use_chat_template: bool = True, **_
+) -> list[list[int]]:
     """The question as the user turn (or 'Question: ...\\nAnswer:' without a chat template)."""
-    return encode_prompts([r["question"] for r in records], tokenizer, system, use_chat_template,
-                          plain_format="Question: {text}\nAnswer:")
+    return encode_prompts(
+        [r["question"] for r in records], tokenizer, system, use_chat_template, plain_format="Question: {text}\nAnswer:"
+    )
 
 
 def extract_answer(completion: str) -> Fraction | None:

@@ -16,6 +16,7 @@ no box, no credit. It is equal to the reference answer when
    expressions. This check runs in a separate process; after `grading.timeout_s` seconds it
    raises `GradingError` (scored 0 and counted in train/reward_failures by `rapid.rewards.score`).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -28,8 +29,8 @@ from rapid.tasks.grading import SYMBOLIC, last_boxed, parse_number
 
 FILES = {"train": "math/train_12k.jsonl", "test": "math500/test.jsonl"}
 HUB = {"train": "zzy1123/MATH_train_test_split@train", "test": "HuggingFaceH4/MATH-500@test"}
-DROPPED: dict[str, int] = {}         # split -> records dropped for an empty answer, by the last load
-MAX_SYMBOLIC_CHARS = 400             # longer answers are not sent to sympy (string compare only)
+DROPPED: dict[str, int] = {}  # split -> records dropped for an empty answer, by the last load
+MAX_SYMBOLIC_CHARS = 400  # longer answers are not sent to sympy (string compare only)
 
 
 def load(split: str, data_path: str | None = None, grading_timeout_s: float = 5.0, **_) -> list[dict]:
@@ -41,7 +42,7 @@ def load(split: str, data_path: str | None = None, grading_timeout_s: float = 5.
     require_fields(loaded, ("problem",), "math")
     for r in loaded:
         answer = r.get("answer")
-        if answer is None:                                   # sources without the field: derive it
+        if answer is None:  # sources without the field: derive it
             answer = last_boxed(str(r.get("solution", ""))) or ""
         answer = answer if isinstance(answer, str) else str(answer)
         records.append({**r, "answer": answer, "grading": {"timeout_s": grading_timeout_s}})
@@ -52,11 +53,13 @@ def load(split: str, data_path: str | None = None, grading_timeout_s: float = 5.
     return kept
 
 
-def build_prompts(records: list[dict], tokenizer, system: str = "", use_chat_template: bool = True,
-                  **_) -> list[list[int]]:
+def build_prompts(
+    records: list[dict], tokenizer, system: str = "", use_chat_template: bool = True, **_
+) -> list[list[int]]:
     """The problem as the user turn (or 'Problem: ...\\nSolution:' without a chat template)."""
-    return encode_prompts([r["problem"] for r in records], tokenizer, system, use_chat_template,
-                          plain_format="Problem: {text}\nSolution:")
+    return encode_prompts(
+        [r["problem"] for r in records], tokenizer, system, use_chat_template, plain_format="Problem: {text}\nSolution:"
+    )
 
 
 def reward(completion: str, record: dict) -> float:
@@ -82,9 +85,11 @@ def is_equiv(pred: str, gold: str, timeout_s: float = 5.0) -> bool:
     return SYMBOLIC.equal(g, p, timeout_s)
 
 
-_UNITS = (r"(?:units?|sq(?:uare)?|cubic|cm|centimeters?|mm|km|m|meters?|kilometers?|in|inch(?:es)?|ft|feet|foot|"
-          r"yards?|miles?|mph|degrees?|dollars?|cents?|seconds?|minutes?|hours?|days?|weeks?|months?|years?|"
-          r"pounds?|ounces?|people|students|ways)")
+_UNITS = (
+    r"(?:units?|sq(?:uare)?|cubic|cm|centimeters?|mm|km|m|meters?|kilometers?|in|inch(?:es)?|ft|feet|foot|"
+    r"yards?|miles?|mph|degrees?|dollars?|cents?|seconds?|minutes?|hours?|days?|weeks?|months?|years?|"
+    r"pounds?|ounces?|people|students|ways)"
+)
 
 
 def normalize(answer: str) -> str:
@@ -95,21 +100,21 @@ def normalize(answer: str) -> str:
     s = re.sub(r"(?<!\\)\\(,|;|:| |quad|qquad)(?![a-zA-Z])", " ", s)  # spacing commands
     s = re.sub(r"\^(?:\s*\{)?\s*\\circ\s*\}?", "", s).replace("\\circ", "")  # degrees (linear: one \s* run)
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
-    s = re.sub(r"(\\(?:text|mbox|mathrm)\{\s[^{}]*\}\s*)+$", "", s)           # units: \text{ cm} at the end
-    s = re.sub(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}", r"\1", s)       # other \text{...} wrappers
-    s = re.sub(rf"(?<=[\d}}])\s*(?:{_UNITS}\b\s*)+(\^\s*\{{?[23]\}}?)?\.?$", "", s)    # 5 cm, 3 square feet
-    var = re.fullmatch(r"\s*[a-zA-Z](?:_\{?\w+\}?)?\s*=\s*([^=]+)", s)       # x = 5, y_1 = 2
+    s = re.sub(r"(\\(?:text|mbox|mathrm)\{\s[^{}]*\}\s*)+$", "", s)  # units: \text{ cm} at the end
+    s = re.sub(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}", r"\1", s)  # other \text{...} wrappers
+    s = re.sub(rf"(?<=[\d}}])\s*(?:{_UNITS}\b\s*)+(\^\s*\{{?[23]\}}?)?\.?$", "", s)  # 5 cm, 3 square feet
+    var = re.fullmatch(r"\s*[a-zA-Z](?:_\{?\w+\}?)?\s*=\s*([^=]+)", s)  # x = 5, y_1 = 2
     if var:
         s = var.group(1)
     s = re.sub(r"\s+", " ", s).strip().rstrip(".").strip()
     compact = s.replace(" ", "").replace("{,}", ",")
-    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d*)?", compact):                 # 1,000 / 1,\!000 / 1{,}000
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d*)?", compact):  # 1,000 / 1,\!000 / 1{,}000
         s = compact.replace(",", "")
-    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)                      # \frac12
+    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)  # \frac12
     s = re.sub(r"\\frac(\d)\{", r"\\frac{\1}{", s)
     s = re.sub(r"\\frac\{([^{}]*)\}(\d)", r"\\frac{\1}{\2}", s)
-    s = re.sub(r"\\sqrt(\d|[a-zA-Z](?![a-zA-Z]))", r"\\sqrt{\1}", s)        # \sqrt2
-    s = re.sub(r"(?<![\d}])\.(\d)", r"0.\1", s)                              # .5
+    s = re.sub(r"\\sqrt(\d|[a-zA-Z](?![a-zA-Z]))", r"\\sqrt{\1}", s)  # \sqrt2
+    s = re.sub(r"(?<![\d}])\.(\d)", r"0.\1", s)  # .5
     return s
 
 

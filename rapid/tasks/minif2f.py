@@ -18,6 +18,7 @@ statements use the older `∑ x in s` syntax). Then set `task.lean.project_dir` 
 starts `lean` afresh and imports Mathlib (seconds, several GB of memory): bound concurrency with
 the reward workers.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,10 @@ FILES = {"train": "minif2f/valid.jsonl", "test": "minif2f/test.jsonl"}
 HUB = {"train": "Slim205/minif2f@valid", "test": "Slim205/minif2f@test"}
 STANDARD_AXIOMS = {"propext", "Classical.choice", "Quot.sound"}
 FORBIDDEN = re.compile(r"\b(sorry|admit|axiom|unsafe|extern|implemented_by)\b|#exit")
-_INSTALL = ("install elan (https://github.com/leanprover/elan) and build a Lake project that requires Mathlib, "
-            "then set task.lean.project_dir to it")
+_INSTALL = (
+    "install elan (https://github.com/leanprover/elan) and build a Lake project that requires Mathlib, "
+    "then set task.lean.project_dir to it"
+)
 
 
 def check_lean_available(cfg: Mapping) -> dict:
@@ -49,10 +52,14 @@ def check_lean_available(cfg: Mapping) -> dict:
     lake, project = lean.get("lake") or "lake", lean.get("project_dir")
     if shutil.which(lake) is None:
         raise ConfigError(f"MiniF2F needs a Lean 4 toolchain but `{lake}` is not on PATH: {_INSTALL}")
-    if not project or not (Path(project).expanduser() / "lakefile.lean").is_file() and not (
-            Path(project).expanduser() / "lakefile.toml").is_file():
-        raise ConfigError(f"task.lean.project_dir={project} is not a Lake project (no lakefile.lean or "
-                          f"lakefile.toml): {_INSTALL}")
+    if (
+        not project
+        or not (Path(project).expanduser() / "lakefile.lean").is_file()
+        and not (Path(project).expanduser() / "lakefile.toml").is_file()
+    ):
+        raise ConfigError(
+            f"task.lean.project_dir={project} is not a Lake project (no lakefile.lean or lakefile.toml): {_INSTALL}"
+        )
     return {"project_dir": str(Path(project).expanduser()), "lake": lake, "timeout_s": lean.get("timeout_s", 300.0)}
 
 
@@ -65,14 +72,18 @@ def load(split: str, data_path: str | None = None, lean: Mapping | None = None, 
     return [{**r, "grading": grading} for r in records]
 
 
-def build_prompts(records: list[dict], tokenizer, system: str = "", use_chat_template: bool = True,
-                  **_) -> list[list[int]]:
+def build_prompts(
+    records: list[dict], tokenizer, system: str = "", use_chat_template: bool = True, **_
+) -> list[list[int]]:
     """Chat: the Lean file so far, asking for the tactic proof in a ```lean4 block. Plain: the Lean
     file itself (header, informal statement, theorem ending in `:= by`), for the model to continue."""
     files = [f"{r['header']}{r.get('informal_prefix', '')}{r['formal_statement']}" for r in records]
     if use_chat_template and getattr(tokenizer, "chat_template", None):
-        texts = [f"Complete the following Lean 4 proof.\n\n```lean4\n{f}```\n\n"
-                 "Answer with the tactic proof only, in one ```lean4 block." for f in files]
+        texts = [
+            f"Complete the following Lean 4 proof.\n\n```lean4\n{f}```\n\n"
+            "Answer with the tactic proof only, in one ```lean4 block."
+            for f in files
+        ]
         return encode_prompts(texts, tokenizer, system, use_chat_template=True)
     return encode_prompts(files, tokenizer, system, use_chat_template=False)
 
@@ -115,8 +126,14 @@ def run_lean(source: str, project_dir: str, lake: str = "lake", timeout_s: float
         path = os.path.join(tmp, "Proof.lean")
         with open(path, "w", encoding="utf-8") as f:
             f.write(source)
-        proc = subprocess.Popen([lake, "env", "lean", path], cwd=project_dir, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [lake, "env", "lean", path],
+            cwd=project_dir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             out, _ = proc.communicate(timeout=timeout_s)
             return proc.returncode, out.decode(errors="replace")

@@ -19,6 +19,7 @@ terms 0.72 and 0.25 (~90 tokens), with six 0.06.
 The problem set is `n_train + n_eval` distinct term lists drawn with `seed`; the first `n_eval` are
 held out, the rest train, and the prompt's solved examples come from the training split.
 """
+
 from __future__ import annotations
 
 import random
@@ -28,18 +29,30 @@ from rapid.tasks import encode_prompts
 from rapid.tasks.grading import boxed_number_reward
 
 
-def load(split: str, terms: int = 4, low: int = 1, high: int = 9, n_train: int = 2000, n_eval: int = 200,
-         seed: int = 1234, **_) -> list[dict]:
+def load(
+    split: str,
+    terms: int = 4,
+    low: int = 1,
+    high: int = 9,
+    n_train: int = 2000,
+    n_eval: int = 200,
+    seed: int = 1234,
+    **_,
+) -> list[dict]:
     """Records {"question", "answer", "terms"} of the 'train' or 'test' split."""
     if split not in ("train", "test"):
         raise ConfigError(f"unknown split '{split}' for task multistep: use 'train' or 'test'")
     if terms < 2 or low > high:
-        raise ConfigError(f"task.terms={terms}, task.low={low}, task.high={high}: a problem needs at least 2 "
-                          "terms drawn from a non-empty range low <= high")
+        raise ConfigError(
+            f"task.terms={terms}, task.low={low}, task.high={high}: a problem needs at least 2 "
+            "terms drawn from a non-empty range low <= high"
+        )
     space = (high - low + 1) ** terms
     if n_train + n_eval > space // 2:
-        raise ConfigError(f"task.n_train + task.n_eval = {n_train + n_eval} is more than half of the {space} "
-                          "possible problems: widen task.low/task.high, add task.terms or ask for fewer problems")
+        raise ConfigError(
+            f"task.n_train + task.n_eval = {n_train + n_eval} is more than half of the {space} "
+            "possible problems: widen task.low/task.high, add task.terms or ask for fewer problems"
+        )
     rng, seen, problems = random.Random(seed), set(), []
     while len(problems) < n_train + n_eval:
         xs = tuple(rng.randint(low, high) for _ in range(terms))
@@ -47,8 +60,9 @@ def load(split: str, terms: int = 4, low: int = 1, high: int = 9, n_train: int =
             seen.add(xs)
             problems.append(xs)
     chosen = problems[:n_eval] if split == "test" else problems[n_eval:]
-    return [{"question": "Add: " + " + ".join(map(str, xs)), "answer": str(sum(xs)), "terms": list(xs)}
-            for xs in chosen]
+    return [
+        {"question": "Add: " + " + ".join(map(str, xs)), "answer": str(sum(xs)), "terms": list(xs)} for xs in chosen
+    ]
 
 
 def working(terms: list[int]) -> str:
@@ -60,8 +74,15 @@ def working(terms: list[int]) -> str:
     return "\n".join(lines) + f"\nThe answer is \\boxed{{{total}}}."
 
 
-def build_prompts(records: list[dict], tokenizer, system: str = "", n_shots: int = 1, shots_seed: int = 0,
-                  use_chat_template: bool = True, **cfg) -> list[list[int]]:
+def build_prompts(
+    records: list[dict],
+    tokenizer,
+    system: str = "",
+    n_shots: int = 1,
+    shots_seed: int = 0,
+    use_chat_template: bool = True,
+    **cfg,
+) -> list[list[int]]:
     """Token ids of each record's prompt: optional system message, `n_shots` solved training problems
     (the same for every prompt) as earlier turns, then the question."""
     shots = random.Random(shots_seed).sample(load("train", **cfg), n_shots) if n_shots else []
@@ -69,12 +90,21 @@ def build_prompts(records: list[dict], tokenizer, system: str = "", n_shots: int
         head = [{"role": "system", "content": system}] if system else []
         for s in shots:
             head += [{"role": "user", "content": s["question"]}, {"role": "assistant", "content": working(s["terms"])}]
-        texts = [tokenizer.apply_chat_template(head + [{"role": "user", "content": r["question"]}], tokenize=False,
-                                               add_generation_prompt=True) for r in records]
+        texts = [
+            tokenizer.apply_chat_template(
+                head + [{"role": "user", "content": r["question"]}], tokenize=False, add_generation_prompt=True
+            )
+            for r in records
+        ]
         return tokenizer(texts, add_special_tokens=False)["input_ids"]
     solved = "".join(f"Question: {s['question']}\nAnswer: {working(s['terms'])}\n\n" for s in shots)
-    return encode_prompts([r["question"] for r in records], tokenizer, system, use_chat_template=False,
-                          plain_format=solved.replace("{", "{{").replace("}", "}}") + "Question: {text}\nAnswer:")
+    return encode_prompts(
+        [r["question"] for r in records],
+        tokenizer,
+        system,
+        use_chat_template=False,
+        plain_format=solved.replace("{", "{{").replace("}", "}}") + "Question: {text}\nAnswer:",
+    )
 
 
 def reward(completion: str, record: dict) -> float:

