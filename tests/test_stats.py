@@ -84,9 +84,11 @@ def write_run(
     name: str = "rapid",
     loss: str = "iw_grpg",
     summary: bool = True,
+    switches: dict | None = None,
 ) -> None:
     path.mkdir(parents=True)
-    (path / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "algorithm": {"name": name, "loss": loss, "H": H}}))
+    algorithm = {"name": name, "loss": loss, "H": H, **(switches or {})}
+    (path / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "algorithm": algorithm}))
     rows = [{"round": 0, "eval/accuracy": 0.1}]
     for i, (t, s, m) in enumerate(zip(round_s, staleness, rss)):
         rows.append(
@@ -141,10 +143,27 @@ def test_multirun_folder_by_hand(tmp_path):
         name="grpo",
         loss="grpo",
     )
+    # an ablated estimator at H = 8: its own row, but not a point of the H sweep's correlations
+    write_run(
+        sweep / "algorithm.iw_gradient=false,seed=0",
+        H=8,
+        seed=0,
+        accuracy=0.0,
+        round_s=[1],
+        staleness=[3.0],
+        rss=[900],
+        switches={"iw_gradient": False},
+    )
     out = tmp_path / "out"
     text = stats.main([str(sweep), "--out", str(out)])
     table = {r["config"]: r for r in csv.DictReader((out / "stats.csv").open())}
-    assert set(table) == {"algorithm.H=1", "algorithm.H=2", "algorithm.H=4", "algorithm=grpo"}
+    assert set(table) == {
+        "algorithm.H=1",
+        "algorithm.H=2",
+        "algorithm.H=4",
+        "algorithm=grpo",
+        "algorithm.iw_gradient=false",
+    }
     h2 = table["algorithm.H=2"]
     assert h2["seeds"] == "0 1" and float(h2["accuracy_n"]) == 2
     assert float(h2["accuracy_mean"]) == pytest.approx(0.5)  # (0.4 + 0.6) / 2
@@ -171,7 +190,7 @@ def test_multirun_folder_by_hand(tmp_path):
     train = [sum(v[1]) for v in RUNS.values()]
     assert float(corr["train_s"]["r"]) == pytest.approx(np.corrcoef(h, train)[0, 1], abs=1e-12)
     assert "| algorithm.H=2 | 0 1 | 0.500 ± 0.141 [0.400, 0.600] |" in text
-    assert len(list(csv.DictReader((out / "runs.csv").open()))) == 7
+    assert len(list(csv.DictReader((out / "runs.csv").open()))) == 8
 
 
 def test_bench_rl_and_seed_folders(tmp_path):

@@ -26,8 +26,9 @@ Per configuration, over its seeds: mean, std (n − 1 in the denominator), and t
 bootstrap interval of the mean (10,000 resamples of the seeds, fixed generator; with 3 seeds it is
 coarse, and it is no wider than the range of the seeds). Correlations: Pearson's r over runs (one point
 per seed, not per configuration) of H (config `algorithm.H`) with accuracy, train_s and staleness, over
-the runs of the importance-weighted loss (RAPID at any H, PG = H 1; `--all-runs` takes every run with an
-H), and the two-sided p-value of t = r √((n−2)/(1−r²)) under Student's t with n − 2 degrees of
+the runs of the importance-weighted loss (RAPID at any H, PG = H 1) with the most common estimator
+settings (eta, leave-one-out, the IW switches: an ablated estimator is not a point of the H sweep;
+`--all-runs` takes every run with an H), and the two-sided p-value of t = r √((n−2)/(1−r²)) under Student's t with n − 2 degrees of
 freedom, computed here (regularised incomplete beta function; scipy is not needed).
 """
 
@@ -39,6 +40,7 @@ import json
 import math
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -216,6 +218,7 @@ def read_run(run: Path) -> dict:
         "cpu": meta.get("cpu"),
         "algorithm": algorithm.get("name", summary.get("algorithm")),
         "loss": algorithm.get("loss"),
+        "estimator": tuple(str(algorithm.get(k)) for k in ESTIMATOR_KEYS),
         "accuracy": accuracy,
         "train_s": train_s,
         "staleness": mean_of("iw/staleness"),
@@ -260,8 +263,14 @@ def _config_order(config: str, runs: list[dict]):
     return (str(first["algorithm"]), first["H"] if isinstance(first["H"], int) else 0, config)
 
 
+ESTIMATOR_KEYS = ("eta", "leave_one_out", "iw_baseline", "iw_gradient")  # the IW-GRPG ablation switches
+
+
 def correlations(runs: list[dict], all_runs: bool = False) -> list[dict]:
     points = [r for r in runs if isinstance(r["H"], (int, float)) and (all_runs or r["loss"] == "iw_grpg")]
+    if not all_runs and points:  # an H sweep holds the estimator fixed: ablated estimators are left out
+        usual = Counter(r["estimator"] for r in points).most_common(1)[0][0]
+        points = [r for r in points if r["estimator"] == usual]
     out = []
     for m in CORRELATED:
         pts = [(r["H"], r[m]) for r in points if r[m] is not None]
@@ -313,7 +322,11 @@ def markdown(rows: list[dict], corr: list[dict], all_runs: bool, common: list[st
     ]
     for r in rows:
         lines.append(f"| {r['config']} | {r['seeds']} | " + " | ".join(cell(r, m) for m in shown) + " |")
-    which = "every run with an H" if all_runs else "the runs of the importance-weighted loss (RAPID, PG)"
+    which = (
+        "every run with an H"
+        if all_runs
+        else "the runs of the importance-weighted loss (RAPID, PG) with the most common estimator settings (eta, leave-one-out, IW switches)"
+    )
     lines += [
         "",
         f"Pearson correlation of H with each quantity over {which}, one point per run "
