@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoModelForCausalLM
 
+from rapid.config import with_current_defaults
 from rapid.models import unwrap
 from rapid.seeding import rng_state, set_rng_state
 
@@ -100,7 +101,7 @@ def unreadable(path: Path) -> str:
 
 
 def load_config(path: Path) -> DictConfig:
-    return OmegaConf.create(torch.load(Path(path) / "state.pt", weights_only=False)["config"])
+    return with_current_defaults(OmegaConf.create(torch.load(Path(path) / "state.pt", weights_only=False)["config"]))
 
 
 def load(path: Path, model, optimizer, scheduler, stream) -> dict:

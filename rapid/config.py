@@ -11,6 +11,7 @@ import math
 import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -250,3 +251,15 @@ def validate(cfg: DictConfig, world: int) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def with_current_defaults(saved) -> DictConfig:
+    """A run's saved config with every key added to conf/ since it was written (conf/base.yaml and
+    conf/algorithm/rapid.yaml) at its default, so that older runs resume, replay and report."""
+    base = OmegaConf.load(CONF / "base.yaml")
+    base.pop("hydra", None)
+    defaults = OmegaConf.merge(base, {"algorithm": OmegaConf.load(CONF / "algorithm" / "rapid.yaml")})
+    return OmegaConf.merge(defaults, saved)

@@ -238,14 +238,14 @@ def measure_floors(run_dir: Path) -> dict:
     from omegaconf import OmegaConf
 
     from rapid.buffer import ReplayBuffer, Rollout, collate
-    from rapid.config import DTYPES
+    from rapid.config import DTYPES, with_current_defaults
     from rapid.models import load_model_and_tokenizer
     from rapid.policy import CompletionLogprobs, autocast
     from rapid.sampler import VLLMSampler, make_sampler
     from rapid.seeding import BUFFER_STREAM, derive_seed
     from rapid.tasks import load_splits
 
-    cfg = OmegaConf.load(run_dir / "config.yaml")
+    cfg = with_current_defaults(OmegaConf.load(run_dir / "config.yaml"))
     if cfg.sampler.name != "vllm":
         raise SystemExit("floors need a run with sampler=vllm (the bare engine is the generation floor)")
     rows = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
@@ -465,6 +465,8 @@ def predict_runs(rows: list[dict], cm: dict, lengths_from: Path | None = None) -
     `shared_length_groups`)."""
     from omegaconf import OmegaConf
 
+    from rapid.config import with_current_defaults
+
     model = cost_model_module()
     shared = shared_length_groups(rows, cm, lengths_from)
     for row in rows:
@@ -472,7 +474,7 @@ def predict_runs(rows: list[dict], cm: dict, lengths_from: Path | None = None) -
         if row.get("completion_len") is None or not (run_dir / "config.yaml").exists():
             continue  # TRL: not modelled
         meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
-        cfg = OmegaConf.load(run_dir / "config.yaml")
+        cfg = with_current_defaults(OmegaConf.load(run_dir / "config.yaml"))
         a = cfg.algorithm
         if meta.get("world_size", 1) > 1 or a.get("dynamic_sampling", False) or a.H == "auto":
             continue  # one process, a fixed number of samples per round

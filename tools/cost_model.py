@@ -752,14 +752,14 @@ def main(argv: list[str] | None = None) -> dict:
 def measure_main(args) -> tuple[dict, Path]:
     from omegaconf import OmegaConf
 
-    from rapid.config import ConfigError, validate
+    from rapid.config import ConfigError, validate, with_current_defaults
 
     overrides = list(args.overrides)
     length_groups = None
     if args.from_run:
         if not (args.from_run / "config.yaml").exists():
             raise ConfigError(f"{args.from_run} has no config.yaml: pass a rapid run directory to --from-run")
-        cfg = OmegaConf.load(args.from_run / "config.yaml")
+        cfg = with_current_defaults(OmegaConf.load(args.from_run / "config.yaml"))
         if overrides:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
         mean_len, length_groups = run_lengths(args.from_run)
