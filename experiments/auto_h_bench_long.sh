@@ -12,7 +12,8 @@ CORE=${CORE:-0}
 export OMP_NUM_THREADS=1
 OUT=experiments/results/auto_h_bench_long
 ARGS=(+experiment=bench_long eval.at_start=false --samples 128 --h 1 8 auto 4 16 2 --no-grpo --no-trl --no-floors
-      --reuse --cost-model experiments/results/bench_long_cpu/cost_model.json --out "$OUT")
+      --reuse --cost-model experiments/results/bench_long_cpu/cost_model.json
+      --lengths-from experiments/results/bench_long_cpu/runs/rapid_h8_s0 --out "$OUT")
 for seed in 0 1 2; do   # one seed at a time, so that a stopped benchmark leaves whole seeds
   taskset -c "$CORE" "$PY" tools/bench_rl.py "${ARGS[@]}" --seeds "$seed"
 done
