@@ -214,3 +214,13 @@ def test_rollout_dump_in_a_real_run_is_log_pi_after_the_round(tmp_path):
     assert max(abs(p - q) for r in dumped for p, q in zip(r["logp_pi"], r["logp_mu"])) > 1e-3
     written = figures.main([str(run), "--out", str(tmp_path / "figs")])
     assert "token_log_w.png" in [p.name for p in written]
+
+
+def test_methods_are_ordered_by_numeric_h_then_the_rest_by_name():
+    runs = [
+        {"method": "RAPID H=auto", "H": "auto"},
+        {"method": "RAPID H=8", "H": 8},
+        {"method": "PG", "H": 1},
+        {"method": "GRPO", "H": None},
+    ]
+    assert list(figures.by_method(runs)) == ["PG", "RAPID H=8", "GRPO", "RAPID H=auto"]

@@ -74,7 +74,12 @@ def by_method(runs: list[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for r in runs:
         out.setdefault(r["method"], []).append(r)
-    return dict(sorted(out.items(), key=lambda kv: (str(kv[1][0]["H"] is None), kv[1][0]["H"] or 0, kv[0])))
+
+    def order(item):  # numeric H first, ascending; then H = auto and methods without an H, by name
+        h = item[1][0]["H"]
+        return (not isinstance(h, (int, float)), h if isinstance(h, (int, float)) else 0, item[0])
+
+    return dict(sorted(out.items(), key=order))
 
 
 def spread(columns: list[list[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
