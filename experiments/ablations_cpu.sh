@@ -3,9 +3,9 @@
 # task and model (held-out arithmetic, SmolLM2-135M-Instruct, n_step 32, n_group 8, lr 2e-5), 1,024
 # samples per run, against each switch of the estimator, GRPO at the same H and PG, 3 seeds, evaluated
 # once after training on the 200 held-out problems (the base model's greedy accuracy is 0.15).
-#   bash experiments/ablations_cpu.sh                  # ~8 minutes per run on one core of an AVX-512 EPYC
+#   bash experiments/ablations_cpu.sh                  # ~5-8 minutes per run on one core of an AVX-512 EPYC
 #   CORE=1 bash experiments/ablations_cpu.sh & CORE=0 ORDER=reverse bash experiments/ablations_cpu.sh
-# Workers share the queue (a run's directory is its lock); runs land in multirun/ablations_cpu/<override>,seed=<s>.
+# Workers share the queue (a run's directory is its lock); runs land in $OUT/<override>,seed=<s>.
 # This uses the short-answer task, not the long-completion one: at the 128-512 samples one core allows
 # there, the multistep task is still in its early dip (accuracy at or below the base model's), and no
 # switch could show an effect; here RAPID H = 8 gains ~0.4 in 1,024 samples with mean |log w| ~1.
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 CORE=${CORE:-0}
 ORDER=${ORDER:-forward}
-OUT=${OUT:-multirun/ablations_cpu}
+OUT=${OUT:-experiments/results/ablations_cpu/runs}
 export OMP_NUM_THREADS=1
 Q=()
 for s in 0 1 2; do
@@ -43,4 +43,5 @@ for item in "${Q[@]}"; do
     ckpt.every=0 seed="$s" $overrides "hydra.run.dir='$d'" > "$d.log" 2>&1
   rm -rf "$d/checkpoints"   # the final checkpoint (~1.6 GB) is not needed for the table
 done
-"$PY" tools/stats.py "$OUT" --out experiments/results/ablations_cpu
+"$PY" tools/stats.py "$OUT" --out "$OUT/.."
+"$PY" tools/figures.py "$OUT" --out "$OUT/.."
