@@ -19,3 +19,6 @@ for seed in 0 1 2; do   # one seed at a time, so that a stopped benchmark leaves
 done
 "$PY" tools/bench_rl.py "${ARGS[@]}" --seeds 0 1 2 --report-only
 "$PY" tools/auto_h_report.py "$OUT"
+# the H sweep's statistics over seeds and Table 4's correlations, and the figures (stats/)
+"$PY" tools/stats.py "$OUT" --out "$OUT/stats"
+"$PY" tools/figures.py "$OUT" --out "$OUT/stats"

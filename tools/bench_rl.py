@@ -476,7 +476,7 @@ def predict_runs(rows: list[dict], cm: dict, lengths_from: Path | None = None) -
         meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
         cfg = with_current_defaults(OmegaConf.load(run_dir / "config.yaml"))
         a = cfg.algorithm
-        if meta.get("world_size", 1) > 1 or a.get("dynamic_sampling", False) or a.H == "auto":
+        if meta.get("world_size", 1) > 1 or a.dynamic_sampling or a.H == "auto":
             continue  # one process, a fixed number of samples per round
         pred = model.predict(
             cm,
