@@ -28,4 +28,6 @@ def test_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
         logger.close()
     assert ids[0] == ids[1], ids
     assert (run / "wandb_id").read_text().strip() == ids[0]
-    assert {p.name.rsplit("-", 1)[-1] for p in (run / "wandb").glob("offline-run-*")} == {ids[0]}
+    # every local run directory (wandb adds a "-1" suffix when both start within the same second) logs one id
+    logs = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert logs and {p.name for p in logs} == {f"run-{ids[0]}.wandb"}, logs
