@@ -32,6 +32,7 @@ for s in 0 1 2; do
   Q+=("$s|algorithm.eta=1.5|algorithm.eta=1.5")
   Q+=("$s|algorithm.leave_one_out=true|algorithm.leave_one_out=true")
   Q+=("$s|algorithm.eta=4|algorithm.eta=4")
+  Q+=("$s|algorithm.eta=10|algorithm.eta=10")
 done
 if [ "$ORDER" = reverse ]; then R=(); for ((i = ${#Q[@]} - 1; i >= 0; i--)); do R+=("${Q[$i]}"); done; Q=("${R[@]}"); fi
 mkdir -p "$OUT"
