@@ -246,6 +246,7 @@ class VLLMSampler:
         enable_prefix_caching: bool,
         sleep_during_train: bool,
         ignore_eos: bool = False,
+        block_size: int | None = None,
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine must live in this process
         # Without OMP_NUM_THREADS the CPU engine drops torch (and so training) to one thread.
@@ -281,6 +282,8 @@ class VLLMSampler:
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
         )
+        if block_size:
+            options.update(block_size=block_size)
         if int(os.environ.get("WORLD_SIZE", 1)) > 1:
             # under torchrun: one engine per rank inside the existing process group (tensor parallel 1)
             options.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
@@ -423,6 +426,7 @@ def make_sampler(cfg, model: torch.nn.Module, tokenizer, compute_dtype: torch.dt
                 enable_prefix_caching=cfg.enable_prefix_caching,
                 sleep_during_train=cfg.sleep_during_train,
                 ignore_eos=cfg.ignore_eos,
+                block_size=cfg.block_size,
             )
     elif cfg.name != "hf":
         raise ConfigError(f"unknown sampler '{cfg.name}': choose sampler=vllm or sampler=hf")
