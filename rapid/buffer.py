@@ -137,6 +137,32 @@ class ReplayBuffer:
         return [[r for k in order[i : i + per_batch] for r in groups[k]] for i in range(0, len(order), per_batch)]
 
 
+def groups_with_gradient(records: list[Rollout], skip: str) -> list[Rollout]:
+    """The records whose gradient can be non-zero (groups stay contiguous and in order), dropping the
+    groups whose every member has advantage 0:
+
+        skip="equal_rewards"  groups of equal rewards: a plain group-mean baseline (GRPO's and DAPO's
+                              normalised advantage, Eq. 2, IW-GRPG with iw_baseline=false) equals them
+        skip="zero_rewards"   groups of all-zero rewards: IW-GRPG's Eq. 4 baseline (1/N_k) Σ w̄ R is not
+                              R off-policy (an all-correct group has A = 1 − mean w̄), but is 0 for them
+
+    Their policy-gradient term is 0, so forward and backward over them can be skipped with the
+    minibatch's gradient unchanged (not GRPO's KL term: rapid.train skips nothing when kl_coef > 0).
+    With no group left, the first is kept, so that every step (and every DDP rank) still runs one
+    backward and logs its statistics."""
+    if skip not in ("equal_rewards", "zero_rewards"):
+        raise ValueError(f"skip must be 'equal_rewards' or 'zero_rewards'; got {skip!r}")
+    buffer = ReplayBuffer()
+    buffer.add(records)
+    kept = [
+        r
+        for group in buffer.groups()
+        if len(rewards := {r.reward for r in group}) > 1 or (skip == "zero_rewards" and rewards != {0.0})
+        for r in group
+    ]
+    return kept or [r for r in records if r.group_id == records[0].group_id]
+
+
 def keep_informative_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], int]:
     """DAPO's dynamic sampling: drop the groups whose rewards are all equal (zero advantage, no
     gradient). Returns the kept records (groups stay contiguous) and the number of dropped groups."""

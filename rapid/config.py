@@ -19,6 +19,21 @@ from omegaconf import DictConfig, OmegaConf
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`model.dtype` as a torch dtype; bf16 on a CPU without AVX-512 is allowed, with a warning that
+    it is far slower there than fp32."""
+    from rapid.profiling import cpu_info, slow_cpu_bf16
+
+    dtype = DTYPES[name]
+    if dtype == torch.bfloat16 and device.type == "cpu" and slow_cpu_bf16(cpu_info()[1]):
+        warnings.warn(
+            "model.dtype=bfloat16 on a CPU without AVX-512 runs bf16 matrix products ~50x slower than "
+            "float32 (oneDNN has no AVX2 bf16 kernel): use model.dtype=float32 on this machine",
+            stacklevel=2,
+        )
+    return dtype
+
+
 class ConfigError(ValueError):
     """Something the user can fix (a config value, a missing model, data file or tool); the message
     is one sentence saying how."""
@@ -263,3 +278,14 @@ def with_current_defaults(saved) -> DictConfig:
     base.pop("hydra", None)
     defaults = OmegaConf.merge(base, {"algorithm": OmegaConf.load(CONF / "algorithm" / "rapid.yaml")})
     return OmegaConf.merge(defaults, saved)
+
+
+def skipped_groups(cfg: DictConfig) -> str | None:
+    """Which groups the training steps skip (`train.skip_zero_advantage`; `rapid.buffer.groups_with_gradient`):
+    under IW-GRPG's Eq. 4 baseline the all-zero-reward groups (their advantage is 0; an all-correct
+    group's, 1 − mean w̄, is not off-policy), under a plain group-mean baseline (GRPO, DAPO,
+    iw_baseline=false) every group of equal rewards, and none where GRPO's KL term pulls on every group."""
+    a = cfg.algorithm
+    if not cfg.train.skip_zero_advantage or (a.loss == "grpo" and a.kl_coef > 0):
+        return None
+    return "zero_rewards" if a.loss == "iw_grpg" and a.iw_baseline else "equal_rewards"

@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from rapid import distributed
-from rapid.config import DTYPES, ConfigError, exit_on_config_error
+from rapid.config import ConfigError, exit_on_config_error, resolve_dtype
 from rapid.logger import write_run_files
 from rapid.models import load_model_and_tokenizer
 from rapid.rewards import score
@@ -91,7 +91,7 @@ def distill(cfg: DictConfig, run_dir: Path | None = None) -> dict:
         cfg.sampler,
         teacher,
         tokenizer,
-        DTYPES[teacher_cfg.dtype],
+        resolve_dtype(teacher_cfg.dtype, device),
         seed=derive_seed(cfg.seed, DISTILL_ENGINE_STREAM) % 2**31,
     )
 

@@ -96,7 +96,7 @@ def evaluate(
 def main(cfg: DictConfig) -> dict:
     """Evaluate a model (cfg.model) or a training checkpoint (eval.checkpoint) on the task's test split."""
     from rapid import distributed
-    from rapid.config import DTYPES, register_resolvers
+    from rapid.config import register_resolvers, resolve_dtype
     from rapid.models import load_model_and_tokenizer
     from rapid.sampler import make_sampler
     from rapid.tasks import get_task
@@ -111,7 +111,7 @@ def main(cfg: DictConfig) -> dict:
     task = get_task(cfg.task.name, cfg.task.module)
     records = task.load("test", **cfg.task)[: cfg.eval.n]
     prompts = task.build_prompts(records, tokenizer, **cfg.task)
-    dtype = DTYPES[cfg.model.dtype]
+    dtype = resolve_dtype(cfg.model.dtype, device)
     sampler = make_sampler(cfg.sampler, model, tokenizer, dtype, seed=cfg.seed)
     row = evaluate(
         sampler,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from rapid.buffer import Batch, Rollout, collate
+from rapid.buffer import Batch, Rollout, collate, groups_with_gradient
 
 # loss_fn(token_logp [B, C], batch, minibatch records, minibatch completion tokens) -> (loss, stats)
 LossFn = Callable[[torch.Tensor, Batch, int, int], tuple[torch.Tensor, dict]]
@@ -98,15 +98,22 @@ def accumulate_gradients(
     pad_id: int,
     device: torch.device,
     compute_dtype: torch.dtype,
+    skip_groups: str | None = None,
 ) -> dict[str, float]:
     """Backward of one minibatch in micro-batches of `micro_batch` records (whole groups, as the
-    buffer keeps groups contiguous). Returns the minibatch's stats (record-weighted means)."""
+    buffer keeps groups contiguous). Returns the minibatch's stats (record-weighted means over the
+    records run, and `trained_frac`, their share of the minibatch).
+
+    `skip_groups` ("equal_rewards" | "zero_rewards" | None): groups whose advantages are all 0 under
+    the loss are not run (`rapid.buffer.groups_with_gradient`); the loss keeps the whole minibatch's
+    normalisers (its records and tokens), so the gradient is the same."""
     B = len(records)
     n_tokens = sum(len(r.completion_ids) for r in records)
     if isinstance(policy, DistributedDataParallel):
         n_tokens = global_token_share(n_tokens, policy)
-    chunks = [records[i : i + micro_batch] for i in range(0, B, micro_batch)]
-    totals: dict[str, float] = {}
+    run = groups_with_gradient(records, skip_groups) if skip_groups else records
+    chunks = [run[i : i + micro_batch] for i in range(0, len(run), micro_batch)]
+    totals: dict[str, float] = {"trained_frac": len(run) / B}
     for k, chunk in enumerate(chunks):
         batch = collate(chunk, pad_id).to(device)
         last = k == len(chunks) - 1
@@ -118,12 +125,12 @@ def accumulate_gradients(
                 token_logp = completion_logprobs(policy, batch)
             loss, stats = loss_fn(token_logp, batch, B, n_tokens)
             loss.backward()
-        stats["loss"] = loss.item() * B / len(chunk)  # per-chunk normalised, re-weighted below
+        stats["loss"] = loss.item() * len(run) / len(chunk)  # the chunk's share of the loss, re-weighted below
         for key, value in stats.items():
             if key.endswith("_max"):
                 totals[key] = max(totals.get(key, value), value)
             else:
-                totals[key] = totals.get(key, 0.0) + value * len(chunk) / B
+                totals[key] = totals.get(key, 0.0) + value * len(chunk) / len(run)
     return totals
 
 

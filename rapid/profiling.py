@@ -104,10 +104,9 @@ VECTOR_FLAGS = (
 )
 
 
-def cpu_description() -> str:
-    """The CPU model, its core count and its vector extensions (from /proc/cpuinfo where it exists), for
-    every results file: timings differ several-fold between CPUs of the same kind."""
-    import os
+def cpu_info() -> tuple[str, set[str]]:
+    """The CPU's model name and its feature flags, from /proc/cpuinfo where it exists (else the
+    platform's name and no flags)."""
     import platform
 
     model, flags = platform.processor() or platform.machine(), set()
@@ -120,5 +119,21 @@ def cpu_description() -> str:
                 flags = set(value.split())
     except OSError:
         pass
+    return model, flags
+
+
+def cpu_description() -> str:
+    """The CPU model, its core count and its vector extensions (from /proc/cpuinfo where it exists), for
+    every results file: timings differ several-fold between CPUs of the same kind."""
+    import os
+
+    model, flags = cpu_info()
     vector = [f for f in VECTOR_FLAGS if f in flags]
     return f"{model}, {os.cpu_count()} cores, vector extensions: {' '.join(vector) or 'unknown'}"
+
+
+def slow_cpu_bf16(flags: set[str]) -> bool:
+    """True on an x86 CPU with AVX2 but no AVX-512: there oneDNN has no bf16 matrix kernel and a bf16
+    product runs ~50x slower than in fp32 (3 against 157 GFLOP/s for a 2048 x 576 x 1536 product with
+    oneDNN held to AVX2, ONEDNN_MAX_CPU_ISA=AVX2, on an AVX-512 EPYC)."""
+    return "avx2" in flags and "avx512f" not in flags

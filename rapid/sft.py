@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from rapid import checkpoint, distributed
 from rapid.buffer import Rollout
-from rapid.config import DTYPES, ConfigError, exit_on_config_error
+from rapid.config import ConfigError, exit_on_config_error, resolve_dtype
 from rapid.data import PromptStream
 from rapid.distill import distill
 from rapid.evaluate import evaluate
@@ -113,7 +113,7 @@ def sft(cfg: DictConfig, run_dir: Path | None = None) -> dict:
     data = data / "distill.jsonl" if data.is_dir() else data
     if not data.is_file():
         raise ConfigError(f"distill.data={cfg.distill.data}: no such file; run python -m rapid.distill first")
-    compute_dtype = DTYPES[cfg.model.dtype]
+    compute_dtype = resolve_dtype(cfg.model.dtype, device)
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_model_and_tokenizer(
         cfg.model.path, cfg.model.gguf, cfg.model.architecture, cfg.model.gradient_checkpointing, seed=cfg.seed

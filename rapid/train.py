@@ -43,7 +43,15 @@ from tqdm import tqdm
 
 from rapid import adaptive_h, checkpoint, distributed
 from rapid.buffer import ReplayBuffer, Rollout, keep_informative_groups
-from rapid.config import DTYPES, ConfigError, exit_on_config_error, register_resolvers, run_length, validate
+from rapid.config import (
+    ConfigError,
+    exit_on_config_error,
+    register_resolvers,
+    resolve_dtype,
+    run_length,
+    skipped_groups,
+    validate,
+)
 from rapid.data import PromptStream
 from rapid.distributed import all_reduce_max, all_reduce_sum, print0
 from rapid.evaluate import evaluate
@@ -74,6 +82,7 @@ STAT_NAMES = {
     "log_w_mean": "iw/log_w_mean",
     "iw_mean": "iw/mean",
     "loss": "train/loss",
+    "trained_frac": "train/trained_frac",
     "clipped_mass": "iw/clipped_mass",
     "correction_ratio_mean": "sampler/correction_ratio_mean",
     "correction_trunc_frac": "sampler/correction_trunc_frac",
@@ -203,7 +212,7 @@ def train(cfg: DictConfig) -> dict:
     rank, world, device = distributed.init(cfg.device)
     validate(cfg, world)
     a, t, o = cfg.algorithm, cfg.task, cfg.optim
-    compute_dtype = DTYPES[cfg.model.dtype]
+    compute_dtype = resolve_dtype(cfg.model.dtype, device)
     temperature = cfg.sampler.temperature
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_model_and_tokenizer(
@@ -258,6 +267,8 @@ def train(cfg: DictConfig) -> dict:
             temperature,
             share_prompt=not cfg.model.gradient_checkpointing,
         )
+
+    skip_groups = skipped_groups(cfg)  # groups whose advantages are all 0 are not run
 
     def loss_fn(token_logp, batch, n_records, n_tokens):
         mask = batch.completion_mask
@@ -454,13 +465,12 @@ def train(cfg: DictConfig) -> dict:
                     pad_id=sampler.pad_id,
                     device=device,
                     compute_dtype=compute_dtype,
+                    skip_groups=skip_groups,
                 )
-                if "w_bar_mean" in stats:  # IW-GRPG: the minibatch's ESS, over all ranks
-                    ess.append(
-                        normalized_ess(
-                            *all_reduce_sum([stats["w_bar_mean"] / world, stats["w_bar_sq_mean"] / world], device)
-                        )
-                    )
+                if "w_bar_mean" in stats:  # IW-GRPG: the ESS of the records trained on, over all ranks
+                    n = stats["trained_frac"] * len(minibatch)
+                    w1, w2, n = all_reduce_sum([stats["w_bar_mean"] * n, stats["w_bar_sq_mean"] * n, n], device)
+                    ess.append(normalized_ess(w1 / n, w2 / n))
                 if auto_h and adaptive_h.stop_early(ess, auto_h):  # too stale: not applied, the round ends
                     optimizer.zero_grad(set_to_none=True)
                     break

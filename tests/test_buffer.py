@@ -104,3 +104,19 @@ def test_keep_informative_groups_drops_exactly_the_all_equal_groups():
     kept, dropped = keep_informative_groups([mk(g, r) for g, r in zip(ids, rewards)])
     assert dropped == 3  # groups 4 (1, 1, 1), 2 (0, 0), 6 (one member)
     assert sorted((r.group_id, r.reward) for r in kept) == [(8, 0.0), (8, 0.0), (8, 1.0), (9, 0.25), (9, 0.5)]
+
+
+def test_groups_with_gradient_keeps_what_each_baseline_needs():
+    from rapid.buffer import groups_with_gradient
+
+    mk = lambda gid, r: Rollout(
+        prompt_ids=[1], completion_ids=[2], logp_mu=[0.0], reward=r, group_id=gid, truncated=False
+    )
+    records = [mk(1, 0.0), mk(1, 0.0), mk(2, 1.0), mk(2, 0.0), mk(3, 1.0), mk(3, 1.0), mk(4, -0.5), mk(4, -0.5)]
+    ids = lambda recs: [r.group_id for r in recs]
+    assert ids(groups_with_gradient(records, "equal_rewards")) == [2, 2]
+    assert ids(groups_with_gradient(records, "zero_rewards")) == [2, 2, 3, 3, 4, 4]  # only the all-zero group goes
+    all_zero = [mk(5, 0.0), mk(5, 0.0), mk(6, 0.0), mk(6, 0.0)]
+    assert ids(groups_with_gradient(all_zero, "zero_rewards")) == [5, 5]  # none left: the first group runs
+    with pytest.raises(ValueError, match="equal_rewards"):
+        groups_with_gradient(records, "uniform")

@@ -157,3 +157,109 @@ def test_recompute_runs_in_the_micro_batches_of_the_first_pass():
     for pi, mu in logp:  # θ = μ: the first pass sees w = 1 exactly
         assert torch.equal(pi, mu)
     assert all(r.logp_engine == e for r, e in zip(records, engine))
+
+
+@pytest.mark.parametrize(
+    ("loss", "skip", "exact"),
+    [
+        ("iw_grpg", "zero_rewards", True),
+        ("iw_grpg_loo", "zero_rewards", True),
+        ("iw_grpg_plain_baseline", "equal_rewards", True),
+        ("dapo", "equal_rewards", True),
+        ("iw_grpg", "equal_rewards", False),  # the all-correct group has A = 1 − mean w̄ ≠ 0 off-policy
+        ("grpo_kl", "equal_rewards", False),  # the KL term pulls on every group
+    ],
+)
+def test_skipping_zero_advantage_groups_leaves_the_gradient_unchanged(loss, skip, exact):
+    """Groups whose advantages are all 0 are not run; the gradient and the loss stay those of the
+    whole minibatch. The two inexact cases are why rapid.train skips only all-zero groups under
+    IW-GRPG's weighted baseline and nothing under GRPO's KL term."""
+    from rapid.losses import dapo_loss, group_normalized_advantages, grpo_loss
+
+    model, tok = tiny_model()
+    records = make_rollouts(tok, n_groups=6, group_size=4, seed=3)
+    for r in records[4:8] + records[16:20]:  # group 11 all correct, group 14 all wrong
+        r.reward = 1.0 if r.group_id == 11 else 0.0
+    for k in (0, 2, 3, 5):  # the others mixed
+        records[4 * k].reward, records[4 * k + 1].reward = 1.0, 0.0
+    with torch.no_grad():  # μ near π_θ, so the weights spread around 1 (some clipped at eta = 2)
+        true = completion_logprobs(CompletionLogprobs(model, 1.0), collate(records, tok.pad_token_id))
+    g = torch.Generator().manual_seed(4)
+    for i, r in enumerate(records):
+        c = len(r.completion_ids)
+        r.logp_mu = (true[i, :c] + 0.5 * torch.randn(c, generator=g)).tolist()
+    ref = copy.deepcopy(model)  # GRPO's reference: a policy one noisy step away, so k3 has a gradient
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    ref_policy = CompletionLogprobs(ref, 1.0)
+
+    def loss_fn(token_logp, batch, n_records, n_tokens):
+        mask = batch.completion_mask
+        if loss.startswith("iw_grpg"):
+            return iw_grpg_loss(
+                sequence_logprobs(token_logp, mask),
+                sequence_logprobs(batch.logp_mu, mask),
+                batch.rewards,
+                batch.group_ids,
+                eta=2.0,
+                leave_one_out=loss.endswith("loo"),
+                normalizer=n_records,
+                iw_baseline=not loss.endswith("plain_baseline"),
+            )
+        adv = group_normalized_advantages(batch.rewards, batch.group_ids)
+        if loss == "dapo":
+            return dapo_loss(token_logp, batch.logp_mu, adv, mask, normalizer=n_tokens)
+        with torch.no_grad():
+            logp_ref = completion_logprobs(ref_policy, batch)
+        return grpo_loss(token_logp, batch.logp_mu, logp_ref, adv, mask, kl_coef=0.04, normalizer=n_records)
+
+    grads, stats = [], []
+    for skip_groups in (None, skip):
+        m = copy.deepcopy(model)
+        s = accumulate_gradients(
+            CompletionLogprobs(m, 1.0),
+            records,
+            loss_fn,
+            micro_batch=8,
+            pad_id=tok.pad_token_id,
+            device=CPU,
+            compute_dtype=torch.float32,
+            skip_groups=skip_groups,
+        )
+        grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+        stats.append(s)
+    skipped = 1 if skip == "zero_rewards" else 2
+    assert stats[0]["trained_frac"] == 1.0 and stats[1]["trained_frac"] == pytest.approx((6 - skipped) / 6)
+    assert grads[0].abs().max() > 0
+    if not exact:
+        assert (grads[1] - grads[0]).abs().max() > 1e-3 * grads[0].abs().max()
+        return
+    torch.testing.assert_close(grads[1], grads[0], atol=2e-6, rtol=1e-4)
+    assert stats[1]["loss"] == pytest.approx(stats[0]["loss"], rel=1e-5, abs=1e-7)
+
+
+def test_a_minibatch_of_zero_advantage_groups_runs_its_first_group_and_has_zero_gradient():
+    model, tok = tiny_model()
+    records = make_rollouts(tok, n_groups=2, group_size=4)
+    for r in records:
+        r.reward = 0.0
+    loss_fn = lambda token_logp, batch, n_records, n_tokens: iw_grpg_loss(
+        sequence_logprobs(token_logp, batch.completion_mask),
+        sequence_logprobs(batch.logp_mu, batch.completion_mask),
+        batch.rewards,
+        batch.group_ids,
+        normalizer=n_records,
+    )
+    s = accumulate_gradients(
+        CompletionLogprobs(model, 1.0),
+        records,
+        loss_fn,
+        micro_batch=4,
+        pad_id=tok.pad_token_id,
+        device=CPU,
+        compute_dtype=torch.float32,
+        skip_groups="zero_rewards",
+    )
+    assert s["trained_frac"] == 0.5 and "staleness" in s  # one group of two run, its statistics logged
+    assert all(p.grad is not None and p.grad.abs().max() == 0 for p in model.parameters())

@@ -1,14 +1,17 @@
-"""PhaseClock: times add up per phase, and the peak memory of a phase is that phase's own."""
+"""PhaseClock: times add up per phase, and the peak memory of a phase is that phase's own; bf16 on an
+AVX2-only CPU is flagged."""
 
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
-from rapid.profiling import PhaseClock, rss_peak_mib
+from rapid.config import resolve_dtype
+from rapid.profiling import PhaseClock, rss_peak_mib, slow_cpu_bf16
 
 
 def test_phase_times_accumulate():
@@ -41,3 +44,33 @@ def test_peak_rss_is_per_phase():
         pytest.skip("/proc/self/clear_refs is not writable here: peaks are process-wide")
     assert row["mem/big_rss_mib"] - row["mem/before_rss_mib"] == pytest.approx(400, abs=40)
     assert row["mem/small_rss_mib"] < row["mem/big_rss_mib"] - 300
+
+
+@pytest.mark.parametrize(
+    ("flags", "slow"),
+    [
+        ({"sse4_2", "avx", "avx2", "fma"}, True),  # AVX2-only x86 (e.g. an EPYC before Zen 4)
+        ({"avx2", "avx512f", "avx512bw"}, False),  # AVX-512 without avx512_bf16: oneDNN emulates bf16 fast enough
+        ({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}, False),
+        ({"asimd", "sve"}, False),  # not x86: no verdict
+        (set(), False),  # flags unknown
+    ],
+)
+def test_slow_cpu_bf16(flags, slow):
+    assert slow_cpu_bf16(flags) is slow
+
+
+def test_bf16_on_an_avx2_only_cpu_warns(monkeypatch):
+    import rapid.profiling
+
+    monkeypatch.setattr(rapid.profiling, "cpu_info", lambda: ("an AVX2 CPU", {"avx", "avx2", "fma"}))
+    with pytest.warns(UserWarning, match="model.dtype=float32"):
+        assert resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # fp32 there, and bf16 on a GPU, pass silently
+        assert resolve_dtype("float32", torch.device("cpu")) == torch.float32
+        assert resolve_dtype("bfloat16", torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setattr(rapid.profiling, "cpu_info", lambda: ("an AVX-512 CPU", {"avx2", "avx512f"}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16

@@ -43,6 +43,7 @@ def engine():
         gpu_memory_utilization=0.3,
         enable_prefix_caching=True,
         sleep_during_train=False,
+        block_size=32,  # conf/sampler/vllm.yaml: the long prompt spans several cached blocks
     )
     return model, tok, sampler
 

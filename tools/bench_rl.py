@@ -193,7 +193,8 @@ def result_row(summary: dict) -> dict:
 
 
 def run_facts(run_dir: Path, summary: dict) -> dict:
-    """What the report needs beyond the summary: the mean completion length (rapid's metrics.jsonl), the final
+    """What the report needs beyond the summary: the mean completion length and share of records trained on
+    (rapid's metrics.jsonl), the final
     evaluation's per-problem outcomes (eval_outcomes.jsonl: one line per evaluation, the last round's is used)
     and the number of held-out problems."""
     facts = {"run_dir": str(run_dir), "eval_n": summary.get("eval/n")}
@@ -203,6 +204,9 @@ def run_facts(run_dir: Path, summary: dict) -> dict:
         lengths = [r["train/completion_len"] for r in rows if "train/completion_len" in r]
         if lengths:
             facts["completion_len"] = sum(lengths) / len(lengths)
+        trained = [r["train/trained_frac"] for r in rows if "train/trained_frac" in r]
+        if trained:  # the share of records run through forward and backward (train.skip_zero_advantage)
+            facts["trained_frac"] = sum(trained) / len(trained)
         evals = [r for r in rows if "eval/n" in r]
         if evals and facts["eval_n"] is None:
             facts["eval_n"] = evals[-1]["eval/n"]
@@ -237,8 +241,8 @@ def measure_floors(run_dir: Path) -> dict:
     import torch
     from omegaconf import OmegaConf
 
-    from rapid.buffer import ReplayBuffer, Rollout, collate
-    from rapid.config import DTYPES, with_current_defaults
+    from rapid.buffer import ReplayBuffer, Rollout, collate, groups_with_gradient
+    from rapid.config import DTYPES, skipped_groups, with_current_defaults
     from rapid.models import load_model_and_tokenizer
     from rapid.policy import CompletionLogprobs, autocast
     from rapid.sampler import VLLMSampler, make_sampler
@@ -272,6 +276,8 @@ def measure_floors(run_dir: Path) -> dict:
     policy = CompletionLogprobs(model, cfg.sampler.temperature, share_prompt=not cfg.model.gradient_checkpointing)
     a = cfg.algorithm
     world = json.loads((run_dir / "meta.json").read_text())["world_size"]  # rank 0's share of each round
+    # the groups the loop skipped (a run saved before train.skip_zero_advantage existed skipped none)
+    skip = skipped_groups(cfg) if "skip_zero_advantage" in OmegaConf.load(run_dir / "config.yaml").train else None
 
     def generate(requests):
         prompts = [TokensPrompt(prompt_token_ids=train_prompts[r["prompt_index"]]) for r in requests]
@@ -313,6 +319,7 @@ def measure_floors(run_dir: Path) -> dict:
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, BUFFER_STREAM, round_ - 1))
         minibatches = []
         for mb in [m for _ in range(a.num_iterations) for m in buffer.minibatches(a.n_step // world, shuffle)]:
+            mb = groups_with_gradient(mb, skip) if skip else mb  # as the loop: zero-advantage groups not run
             chunks = [
                 collate(mb[i : i + cfg.train.micro_batch], sampler.pad_id).to(device)
                 for i in range(0, len(mb), cfg.train.micro_batch)
@@ -489,6 +496,7 @@ def predict_runs(rows: list[dict], cm: dict, lengths_from: Path | None = None) -
             passes=a.num_iterations,
             reference=a.loss == "grpo" and a.get("kl_coef", 0) > 0,
             recompute=a.behavior_logprobs == "recompute",
+            trained_frac=row.get("trained_frac") or 1.0,
         )
         row["predicted_s_per_1k"] = 1000 * pred["total"]
         row |= {f"predicted_{p}_s_per_1k": 1000 * pred[p] for p in model.PHASES}

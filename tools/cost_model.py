@@ -137,9 +137,11 @@ def round_seconds(
     passes: int = 1,
     reference: bool = False,
     recompute: bool = False,
+    trained_frac: float = 1.0,
 ) -> dict:
     """Seconds per phase of one round whose n_inference = H * n_step completions (groups consecutive, in
-    the order the buffer serves them) have these lengths."""
+    the order the buffer serves them) have these lengths; `trained_frac`: the share of the records that
+    forward and backward run (train.skip_zero_advantage; the rest skipped, time taken as proportional)."""
     n = len(lengths)
     assert n == H * n_step, (n, H, n_step)
     t = cm["train"]
@@ -164,7 +166,7 @@ def round_seconds(
         "recompute": sum(microbatch_seconds(t["fwd_fit"], hi - lo, padded(lo, hi)) for lo, hi in chunks(n, micro_batch))
         if recompute
         else 0.0,
-        "train": passes * (step_forwards + reference_s + H * t["optimizer_step_s"]),
+        "train": passes * (trained_frac * step_forwards + reference_s + H * t["optimizer_step_s"]),
         "sync": cm["sync_s"],
     }
 
@@ -198,6 +200,7 @@ def predict(
     passes: int = 1,
     reference: bool = False,
     recompute: bool = False,
+    trained_frac: float = 1.0,
     draws: int = 64,
     seed: int = 0,
 ) -> dict:
@@ -227,6 +230,7 @@ def predict(
             passes=passes,
             reference=reference,
             recompute=recompute,
+            trained_frac=trained_frac,
         ).items():
             totals[k] += v
     rounds = 1 if fixed else draws
