@@ -219,6 +219,7 @@ def test_auto_h_report_verdict_by_hand(tmp_path):
         "RAPID H=2": ([0.44, 0.46, 0.42], 180.0),
         "RAPID H=4": ([0.30, 0.32, 0.34], 150.0),
         "RAPID H=auto": ([0.40, 0.41, 0.42], 190.0),
+        "GRPO": ([0.60, 0.61, 0.62], 100.0),  # in the same folder, but not a fixed H: neither best nor fastest
     }
     with (tmp_path / "runs.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, ["method", "seed", "accuracy_after", "s_per_1k", "rounds", "unused_samples"])

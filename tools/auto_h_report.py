@@ -75,7 +75,12 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 def verdict(table: list[dict]) -> dict:
     """The target's arithmetic (see the module docstring)."""
-    fixed = [m for m in table if m["method"] != "RAPID H=auto"]
+    # fixed H: PG (H = 1) and RAPID at each H; other methods in the folder (GRPO, TRL) are not candidates
+    fixed = [
+        m
+        for m in table
+        if m["method"] == "PG" or (m["method"].startswith("RAPID H=") and m["method"] != "RAPID H=auto")
+    ]
     auto = next(m for m in table if m["method"] == "RAPID H=auto")
     best = max(fixed, key=lambda m: m["accuracy"])
     low = best["accuracy"] - best["ci"]
