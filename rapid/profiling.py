@@ -134,6 +134,6 @@ def cpu_description() -> str:
 
 def slow_cpu_bf16(flags: set[str]) -> bool:
     """True on an x86 CPU with AVX2 but no AVX-512: there oneDNN has no bf16 matrix kernel and a bf16
-    product runs ~50x slower than in fp32 (3 against 157 GFLOP/s for a 2048 x 576 x 1536 product with
-    oneDNN held to AVX2, ONEDNN_MAX_CPU_ISA=AVX2, on an AVX-512 EPYC)."""
+    product runs ~50x slower than in fp32 (3 against 196 GFLOP/s with oneDNN held to AVX2 on an AVX-512
+    EPYC: tools/bench_matmul.py, experiments/results/bench_matmul_cpu.md)."""
     return "avx2" in flags and "avx512f" not in flags
