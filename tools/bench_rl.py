@@ -701,9 +701,9 @@ def main() -> None:
     p.add_argument(
         "--h",
         type=lambda x: x if x == "auto" else int(x),
-        nargs="+",
+        nargs="*",
         default=[1, 2, 4, 8, 16],
-        help="the H of the RAPID runs (1 = PG; auto = chosen every round, rapid/adaptive_h.py)",
+        help="the H of the RAPID runs (1 = PG; auto = chosen every round, rapid/adaptive_h.py; none: only GRPO / TRL)",
     )
     p.add_argument("--no-grpo", action="store_true")
     p.add_argument("--no-trl", action="store_true")
