@@ -122,6 +122,10 @@ def test_curves_by_hand(tmp_path):
     np.testing.assert_allclose(h2["min"], [0.1, 0.3, 0.5])
     np.testing.assert_allclose(h2["max"], [0.1, 0.5, 0.7])
     np.testing.assert_allclose(acc["algorithm.H=8"]["time_s"], [0, 30])
+    table = figures.accuracy_table(acc).splitlines()
+    assert "| algorithm.H=2 | 2 | 128 | 22 | 0.400 (0.300-0.500) |" in table
+    assert "| algorithm.H=8 | 1 | 256 | 30 | 0.200 (0.200-0.200) |" in table
+    assert len(table) == 2 + 3 + 2  # header, H = 2's three evaluations, H = 8's two
     stale = figures.per_round_curves(runs, "iw/staleness")["algorithm.H=2"]
     np.testing.assert_allclose(stale["samples"], [64, 128, 192, 256])
     np.testing.assert_allclose(stale["mean"], [0, 1.0, 1.0, 1.0])  # (0.5 + 1.5)/2, (1 + 1)/2, ...
@@ -153,8 +157,8 @@ def test_every_figure_renders_from_synthetic_runs(tmp_path):
     assert round_ == 1 and [r["log_w"] for r in found] == [[0.5, -0.5, 0.0], [1.0]]  # log π − log μ per token
     written = figures.main([str(sweep), "--out", str(tmp_path / "figs")])
     names = sorted(p.name for p in written)
-    assert names == ["accuracy.png", "clip_staleness.png", "length_time_vs_h.png", "token_log_w.png"]
-    for p in written:
+    assert names == ["accuracy.md", "accuracy.png", "clip_staleness.png", "length_time_vs_h.png", "token_log_w.png"]
+    for p in (p for p in written if p.suffix == ".png"):
         assert p.read_bytes()[:8] == PNG and p.stat().st_size > 10_000
 
 

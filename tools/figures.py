@@ -10,7 +10,8 @@ its seed). Each figure is written where its data exists, and skipped with a note
                           time (the cumulative sum of `time/round_s` up to each evaluation round; model
                           loading, engine start-up and evaluation excluded), one line per method: the
                           mean over seeds, with a band from the seeds' minimum to their maximum (on the
-                          time axis a point sits at the seeds' mean time)
+                          time axis a point sits at the seeds' mean time); the same points as a
+                          table in accuracy.md
     length_time_vs_h.png  completion length and generation time per round against H (the paper's
                           Fig. 2): per run the mean over rounds of `train/completion_len` and
                           `time/generate_s`; mean over seeds, bars from min to max; one line per
@@ -104,8 +105,25 @@ def accuracy_curves(runs: list[dict]) -> dict[str, dict[str, np.ndarray]]:
             "mean": mean,
             "min": lo,
             "max": hi,
+            "seeds": len(members),
         }
     return out
+
+
+def accuracy_table(curves: dict[str, dict[str, np.ndarray]]) -> str:
+    """The points of accuracy.png as a markdown table: per method and evaluation, the training samples,
+    the mean training-loop time and the accuracy's mean and min-max over seeds."""
+    lines = [
+        "| method | seeds | samples | training-loop time (s) | held-out accuracy: mean (min-max) |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for method, c in curves.items():
+        for i in range(len(c["mean"])):
+            lines.append(
+                f"| {method} | {c['seeds']} | {c['samples'][i]:.0f} | {c['time_s'][i]:.0f} | "
+                f"{c['mean'][i]:.3f} ({c['min'][i]:.3f}-{c['max'][i]:.3f}) |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def per_round_curves(runs: list[dict], key: str) -> dict[str, dict[str, np.ndarray]]:
@@ -281,6 +299,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
     if curves:
         draw_accuracy(curves, colors, args.out / "accuracy.png")
         done("accuracy.png")
+        (args.out / "accuracy.md").write_text(accuracy_table(curves))
+        done("accuracy.md")
     h_data = versus_h(runs, ("train/completion_len", "time/generate_s"))
     if all(h_data.values()):
         draw_versus_h(h_data, args.out / "length_time_vs_h.png")
