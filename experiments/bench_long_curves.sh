@@ -17,7 +17,7 @@ PY=${PY:-.venv/bin/python}
 read -r -a CORES <<<"${CORES:-0 1}"
 export OMP_NUM_THREADS=1
 R=experiments/results
-LENGTHS=(--lengths-from "$R/bench_long_cpu/runs/rapid_h8_s0")  # completion lengths for the cost model
+LENGTHS=(--lengths-from "$R/bench_long_cpu/runs/rapid_h8_s0")  # the completion lengths the cost model draws
 CURVES=(+experiment=bench_long --samples 256 --eval-every-samples 64 --out "$R/bench_long_curves")
 TRL=(+experiment=bench_long --samples 64 --out "$R/bench_long_trl")
 NSTEP8=(+experiment=bench_long algorithm.n_step=8 eval.n=16 --samples 64 --out "$R/bench_long_nstep8")
@@ -31,6 +31,8 @@ trap 'rm -f "$QUEUE" "$QUEUE.lock"' EXIT
     echo "${CURVES[*]} --h 1 --seeds $seed ${COMMON[*]} --no-cost-model"
     echo "${CURVES[*]} --h 8 --seeds $seed ${COMMON[*]} --no-cost-model"
   done
+  # the cost model measured under the runs' load, at seed 0's completion lengths (<out>/cost_model.json)
+  echo "${CURVES[*]} --h 1 8 --seeds 0 ${COMMON[*]} --report-only"
   echo "${TRL[*]} --h --seeds 0 --no-grpo --no-floors --reuse --no-cost-model"            # TRL
   echo "${TRL[*]} --h 1 --seeds 0 ${COMMON[*]} --no-cost-model"
   for seed in 0 1 2; do
@@ -52,8 +54,8 @@ worker() {  # $1: the core; takes the queue's first line until it is empty
 for core in "${CORES[@]}"; do worker "$core" & done
 wait
 
-# The tables over every seed (the cost model from the one-core measurement of bench_long_cpu) and figures.
-CM=(--cost-model "$R/bench_long_cpu/cost_model.json" "${LENGTHS[@]}")
+# The tables over every seed, with the cost model's predictions, and the figures.
+CM=(--cost-model "$R/bench_long_curves/cost_model.json" "${LENGTHS[@]}")
 "$PY" tools/bench_rl.py "${CURVES[@]}" --h 1 8 --seeds 0 1 2 --no-trl --no-floors --report-only "${CM[@]}"
 "$PY" tools/bench_rl.py "${TRL[@]}" --h 1 --seeds 0 --no-grpo --no-floors --report-only "${CM[@]}"
 "$PY" tools/bench_rl.py "${NSTEP8[@]}" --h 1 8 --seeds 0 1 2 "${COMMON[@]}" --report-only "${CM[@]}"
