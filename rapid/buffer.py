@@ -148,8 +148,7 @@ def groups_with_gradient(records: list[Rollout], skip: str) -> list[Rollout]:
 
     Their policy-gradient term is 0, so forward and backward over them can be skipped with the
     minibatch's gradient unchanged (not GRPO's KL term: rapid.train skips nothing when kl_coef > 0).
-    With no group left, the first is kept, so that every step (and every DDP rank) still runs one
-    backward and logs its statistics."""
+    With no group left this is empty: the minibatch's gradient is exactly 0."""
     if skip not in ("equal_rewards", "zero_rewards"):
         raise ValueError(f"skip must be 'equal_rewards' or 'zero_rewards'; got {skip!r}")
     buffer = ReplayBuffer()
@@ -160,7 +159,7 @@ def groups_with_gradient(records: list[Rollout], skip: str) -> list[Rollout]:
         if len(rewards := {r.reward for r in group}) > 1 or (skip == "zero_rewards" and rewards != {0.0})
         for r in group
     ]
-    return kept or [r for r in records if r.group_id == records[0].group_id]
+    return kept
 
 
 def keep_informative_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], int]:

@@ -106,12 +106,24 @@ def accumulate_gradients(
 
     `skip_groups` ("equal_rewards" | "zero_rewards" | None): groups whose advantages are all 0 under
     the loss are not run (`rapid.buffer.groups_with_gradient`); the loss keeps the whole minibatch's
-    normalisers (its records and tokens), so the gradient is the same."""
+    normalisers (its records and tokens), so the gradient is the same. When no group is left the
+    gradient is exactly 0: it is set to zeros without a forward (the optimizer step still runs, as it
+    would on the computed zeros: AdamW's moments and weight decay move on), and the stats are
+    `trained_frac` 0 and `loss` 0. Under DDP the first group runs instead, so that every rank joins
+    the gradient's all-reduce."""
     B = len(records)
+    ddp = isinstance(policy, DistributedDataParallel)
     n_tokens = sum(len(r.completion_ids) for r in records)
-    if isinstance(policy, DistributedDataParallel):
+    if ddp:
         n_tokens = global_token_share(n_tokens, policy)
     run = groups_with_gradient(records, skip_groups) if skip_groups else records
+    if not run and ddp:
+        run = [r for r in records if r.group_id == records[0].group_id]
+    if not run:
+        for p in policy.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
+        return {"trained_frac": 0.0, "loss": 0.0}
     chunks = [run[i : i + micro_batch] for i in range(0, len(run), micro_batch)]
     totals: dict[str, float] = {"trained_frac": len(run) / B}
     for k, chunk in enumerate(chunks):

@@ -33,6 +33,7 @@ import json
 import math
 import time
 from pathlib import Path
+from statistics import mean
 
 import hydra
 import torch
@@ -119,8 +120,12 @@ def round_metrics(
 ) -> dict[str, float]:
     """A round's training metrics, over all ranks: reward and completion statistics per record, the
     loss's statistics averaged over the round's steps, and the sampler/trainer log-prob gap (the
-    recompute's, else the first step's, where θ = μ)."""
-    loss_keys = [k for k in steps[0] if k not in ("iw_max", "token_logp_gap", "grad_norm", "lr")]
+    recompute's, else the first step's, where θ = μ). A statistic is averaged over the steps that
+    report it: `loss` and `trained_frac` over every step, the others over the steps that ran records
+    (a step whose every group has advantage 0 runs none, `rapid.policy.accumulate_gradients`)."""
+    keys = dict.fromkeys(k for s in steps for k in s)
+    loss_keys = [k for k in keys if k not in ("iw_max", "token_logp_gap", "grad_norm", "lr")]
+    gap = steps[0].get("token_logp_gap") if mismatch is None else mismatch
     sums = distributed.all_reduce_sum_dict(
         {
             "records": len(rollouts),
@@ -129,8 +134,8 @@ def round_metrics(
             "correct": sum(r.reward == 1.0 for r in rollouts),
             "tokens": sum(len(r.completion_ids) for r in rollouts),
             "truncated": sum(r.truncated for r in rollouts),
-            "gap": steps[0]["token_logp_gap"] if mismatch is None else mismatch,
-            **{f"step/{k}": sum(s[k] for s in steps) / len(steps) for k in loss_keys},
+            **({"gap": gap} if gap is not None else {}),
+            **{f"step/{k}": mean([s[k] for s in steps if k in s]) for k in loss_keys},
         },
         device,
     )
@@ -141,13 +146,13 @@ def round_metrics(
         "train/completion_len": sums["tokens"] / n,
         "train/truncated_frac": sums["truncated"] / n,
         "train/reward_failures": int(sums["failures"]),
-        "sampler/logprob_mismatch": sums["gap"] / world,
+        **({"sampler/logprob_mismatch": sums["gap"] / world} if "gap" in sums else {}),
         **{STAT_NAMES.get(k, f"loss/{k}"): sums[f"step/{k}"] / world for k in sorted(loss_keys)},
         "train/grad_norm": steps[-1]["grad_norm"],
         "train/lr": steps[-1]["lr"],
     }
-    if "iw_max" in steps[0]:
-        row["iw/max"] = all_reduce_max(max(s["iw_max"] for s in steps), device)
+    if "iw_max" in keys:
+        row["iw/max"] = all_reduce_max(max(s["iw_max"] for s in steps if "iw_max" in s), device)
     return row
 
 

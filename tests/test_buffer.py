@@ -117,6 +117,6 @@ def test_groups_with_gradient_keeps_what_each_baseline_needs():
     assert ids(groups_with_gradient(records, "equal_rewards")) == [2, 2]
     assert ids(groups_with_gradient(records, "zero_rewards")) == [2, 2, 3, 3, 4, 4]  # only the all-zero group goes
     all_zero = [mk(5, 0.0), mk(5, 0.0), mk(6, 0.0), mk(6, 0.0)]
-    assert ids(groups_with_gradient(all_zero, "zero_rewards")) == [5, 5]  # none left: the first group runs
+    assert groups_with_gradient(all_zero, "zero_rewards") == []  # none left: the gradient is 0
     with pytest.raises(ValueError, match="equal_rewards"):
         groups_with_gradient(records, "uniform")

@@ -239,7 +239,9 @@ def test_skipping_zero_advantage_groups_leaves_the_gradient_unchanged(loss, skip
     assert stats[1]["loss"] == pytest.approx(stats[0]["loss"], rel=1e-5, abs=1e-7)
 
 
-def test_a_minibatch_of_zero_advantage_groups_runs_its_first_group_and_has_zero_gradient():
+def test_a_minibatch_of_zero_advantage_groups_runs_nothing_and_steps_as_on_its_computed_zero_gradient():
+    """Every group all-wrong: no forward, the gradient set to zeros, and AdamW (its moments and weight
+    decay carried from an earlier step) then moves the weights exactly as after the full backward."""
     model, tok = tiny_model()
     records = make_rollouts(tok, n_groups=2, group_size=4)
     for r in records:
@@ -251,15 +253,32 @@ def test_a_minibatch_of_zero_advantage_groups_runs_its_first_group_and_has_zero_
         batch.group_ids,
         normalizer=n_records,
     )
-    s = accumulate_gradients(
-        CompletionLogprobs(model, 1.0),
-        records,
-        loss_fn,
-        micro_batch=4,
-        pad_id=tok.pad_token_id,
-        device=CPU,
-        compute_dtype=torch.float32,
-        skip_groups="zero_rewards",
-    )
-    assert s["trained_frac"] == 0.5 and "staleness" in s  # one group of two run, its statistics logged
-    assert all(p.grad is not None and p.grad.abs().max() == 0 for p in model.parameters())
+    g = torch.Generator().manual_seed(7)
+    earlier = [torch.randn(p.shape, generator=g) for p in model.parameters()]
+    params, stats = [], []
+    for skip_groups in (None, "zero_rewards"):
+        m = copy.deepcopy(model)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.1)
+        for p, e in zip(m.parameters(), earlier):  # an earlier step: non-zero moments
+            p.grad = e.clone()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        s = accumulate_gradients(
+            CompletionLogprobs(m, 1.0),
+            records,
+            loss_fn,
+            micro_batch=4,
+            pad_id=tok.pad_token_id,
+            device=CPU,
+            compute_dtype=torch.float32,
+            skip_groups=skip_groups,
+        )
+        assert all(p.grad is not None and p.grad.abs().max() == 0 for p in m.parameters())
+        opt.step()
+        params.append(torch.cat([p.detach().flatten() for p in m.parameters()]))
+        stats.append(s)
+    assert stats[0]["trained_frac"] == 1.0 and "staleness" in stats[0]
+    assert stats[1] == {"trained_frac": 0.0, "loss": 0.0}  # nothing run, nothing else to report
+    assert stats[0]["loss"] == 0.0
+    assert torch.equal(params[0], params[1])
+    assert (params[0] - torch.cat([p.detach().flatten() for p in model.parameters()])).abs().max() > 0

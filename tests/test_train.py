@@ -580,6 +580,7 @@ def test_training_raises_a_learnable_reward(tmp_path):
     launch(
         [
             "+experiment=smoke",
+            "train.skip_zero_advantage=true",  # the default: groups of equal rewards 0 are not run
             "device=cpu",
             "rounds=10",
             "algorithm.n_step=16",
@@ -598,6 +599,21 @@ def test_training_raises_a_learnable_reward(tmp_path):
     assert late >= 0.85 and late >= rewards[0] + 0.25, rewards
     summary = json.loads((run / "summary.json").read_text())
     assert summary["eval/accuracy_after"] > summary["eval/accuracy_before"], summary
+
+
+def test_steps_of_zero_advantage_run_nothing_and_log_what_they_can(tmp_path):
+    """train.skip_zero_advantage (the default): the random model earns no reward, so every group has
+    advantage 0 and no step runs a forward. The rows say so (trained_frac 0, loss 0, gradient norm 0)
+    and leave out the statistics that only records run could give (importance weights, the
+    sampler/trainer gap), instead of reporting made-up values."""
+    run = tmp_path / "run"
+    launch(["+experiment=smoke", "train.skip_zero_advantage=true", "rounds=2", f"hydra.run.dir={run}"], tmp_path)
+    trains = train_rows(read_rows(run))
+    assert [r["round"] for r in trains] == [1, 2]
+    for r in trains:
+        assert r["train/reward_mean"] == 0.0
+        assert r["train/trained_frac"] == 0.0 and r["train/loss"] == 0.0 and r["train/grad_norm"] == 0.0
+        assert not [k for k in r if k.startswith("iw/")] and "sampler/logprob_mismatch" not in r
 
 
 @pytest.mark.slow
