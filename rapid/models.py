@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import string
+import tempfile
 from pathlib import Path
 
 import torch
@@ -105,11 +107,24 @@ def converted_gguf(package: str, file: str, name: str) -> str:
     # save_pretrained refuses a GGUF-loaded model: copy its dequantised weights into a fresh one.
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.load_state_dict(quantised.state_dict())
-    tmp = out.with_name(out.name + ".tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{name}.", suffix=".tmp", dir=out.parent))  # one per process
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(out)
+    publish_folder(tmp, out)
     return str(out)
+
+
+def publish_folder(tmp: Path, out: Path) -> None:
+    """Move the finished folder `tmp` to `out` in one rename, so that no run ever reads a half-written
+    checkpoint. Runs started together (a benchmark's workers) each convert into their own `tmp`; the
+    first rename wins and the others drop their copy."""
+    try:
+        tmp.rename(out)
+    except OSError:
+        if not (out / "config.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def char_tokenizer() -> PreTrainedTokenizerFast:
