@@ -178,10 +178,10 @@ def summarize(rows: list[dict], final: dict) -> dict:
         "unused_samples": sum(r.get("algorithm/unused_samples", 0) for r in train_rows),
         "time/rounds_s_total": sum(r["time/round_s"] for r in train_rows),
         **{f"time/{p}_s_total": sum(r[f"time/{p}_s"] for r in train_rows) for p in (*PHASES, "other")},
-        **{
-            f"{k}_avg": sum(r[k] for r in train_rows) / len(train_rows)  # over all steps (paper Table 3)
+        **{  # over the rounds that trained on records (paper Table 3; a round of zero advantages runs none)
+            f"{k}_avg": mean(r[k] for r in train_rows if k in r)
             for k in ("iw/staleness", "iw/log_w_mean")
-            if train_rows and k in train_rows[0]
+            if any(k in r for r in train_rows)
         },
         **{f"{k}_max": max(r[k] for r in train_rows if k in r) for k in memory},
     }

@@ -616,6 +616,24 @@ def test_steps_of_zero_advantage_run_nothing_and_log_what_they_can(tmp_path):
         assert not [k for k in r if k.startswith("iw/")] and "sampler/logprob_mismatch" not in r
 
 
+def test_summary_averages_staleness_over_the_rounds_that_trained():
+    """A round whose every group has advantage 0 trains on no record and logs no importance weights;
+    the summary's averages are over the rounds that did (3 of 4 here), wherever the missing round falls."""
+    from rapid.train import summarize
+
+    def row(stale=None):
+        times = {f"time/{p}_s": 1.0 for p in ("generate", "reward", "recompute", "train", "sync", "other")}
+        iw = {} if stale is None else {"iw/staleness": stale, "iw/log_w_mean": -stale / 2}
+        return {"train/reward_mean": 0.5, "time/round_s": 6.0, **times, **iw}
+
+    for rows in ([row(0.1), row(), row(0.2), row(0.6)], [row(), row(0.1), row(0.2), row(0.6)]):
+        s = summarize(rows, {"eval/accuracy": 0.5})
+        assert s["iw/staleness_avg"] == pytest.approx(0.3, abs=1e-12)  # (0.1 + 0.2 + 0.6) / 3, not / 4
+        assert s["iw/log_w_mean_avg"] == pytest.approx(-0.15, abs=1e-12)
+        assert s["time/rounds_s_total"] == 24.0
+    assert "iw/staleness_avg" not in summarize([row(), row()], {"eval/accuracy": 0.5})
+
+
 @pytest.mark.slow
 def test_resume_of_finished_run_adds_no_rows(tmp_path):
     """Resuming a run that already finished re-reports its final evaluation but logs no new rows."""
