@@ -125,7 +125,7 @@ CPU_BASE         ?= +experiment=bench_long
 CPU_EPOCHS       ?= 0.064
 CPU_EVAL_SAMPLES ?= 128
 CPU_FAMILIES     ?= task.terms=6,7
-CPU_ARGS         ?= $(CPU_BASE) rounds=null epochs=$(CPU_EPOCHS) "eval.every='\$${div:$(CPU_EVAL_SAMPLES),\$${algorithm.n_inference}}'" logger.progress=false ckpt.every=0
+CPU_ARGS         ?= $(CPU_BASE) rounds=null epochs=$(CPU_EPOCHS) eval.every=0 eval.every_samples=$(CPU_EVAL_SAMPLES) logger.progress=false ckpt.every=0
 # each run's final checkpoint (~1.6 GB for 135M parameters with AdamW state) is not needed for the tables
 PRUNE             = rm -rf multirun/$(1)/*/checkpoints
 

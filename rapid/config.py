@@ -1,8 +1,6 @@
-"""Config checks that stop a run at start-up with one sentence; the resolvers `mul`, which derives
+"""Config checks that stop a run at start-up with one sentence; the resolver `mul`, which derives
 `algorithm.n_inference = H * n_step` (one home for each number; `auto` when H is chosen each round,
-rapid/adaptive_h.py), and `div`, a // b but at least 1, so that a sweep over H can evaluate every so many
-samples (`eval.every='${div:512,${algorithm.n_inference}}'`); the run's length in rounds and samples; and
-the resolution of `algorithm.behavior_logprobs: auto`."""
+rapid/adaptive_h.py); the run's length in rounds and samples; and the resolution of `algorithm.behavior_logprobs: auto`."""
 
 from __future__ import annotations
 
@@ -56,8 +54,6 @@ def exit_on_config_error(main: Callable) -> Callable:
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("mul"):  # ${mul:a,b}: the product, or auto when a factor is auto
         OmegaConf.register_new_resolver("mul", lambda *xs: "auto" if "auto" in xs else math.prod(int(x) for x in xs))
-    if not OmegaConf.has_resolver("div"):
-        OmegaConf.register_new_resolver("div", lambda a, b: max(1, int(a) // int(b)))
 
 
 def run_length(cfg: DictConfig, n_train: int) -> tuple[int | None, int]:

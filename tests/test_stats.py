@@ -237,7 +237,7 @@ def test_no_runs_is_one_sentence(tmp_path):
 def test_common_overrides_are_dropped_and_the_cpu_reported(tmp_path):
     sweep = tmp_path / "multirun" / "table1_cpu"
     for alg, seed in (("grpo", 0), ("grpo", 1), ("rapid", 0)):
-        every = 1 if alg == "rapid" else 8  # eval.every differs with H under '${div:...}': not part of the name
+        every = 1 if alg == "rapid" else 8  # eval.every (older sweeps set it per H): not part of the name
         run = sweep / f"algorithm={alg},epochs=0.64,eval.every='{every}',rounds=null,seed={seed},task=arithmetic"
         write_run(run, H=1, seed=seed, accuracy=0.5, round_s=[1], staleness=[0], rss=[1])
         (run / "meta.json").write_text(json.dumps({"cpu": "Some CPU, 2 cores, vector extensions: avx2"}))
