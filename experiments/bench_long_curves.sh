@@ -31,8 +31,8 @@ CURVES=(+experiment=bench_long --samples 256 --eval-every-samples 64 --out "$R/b
 TRL=(+experiment=bench_long --samples 64 --out "$R/bench_long_trl$TAG")
 NSTEP8=(+experiment=bench_long algorithm.n_step=8 eval.n=16 --samples 64 --out "$R/bench_long_nstep8$TAG")
 COMMON=(--no-trl --no-grpo --no-floors --reuse)
-# the completion lengths the cost model draws: this benchmark's own PG and H = 8 runs of seed 0
-LENGTHS=(--lengths-from "$R/bench_long_curves$TAG/runs/rapid_h8_s0")
+# the completion lengths the cost model draws (a run that logged its rollouts: its floors were measured)
+LENGTHS=(--lengths-from "$R/bench_long_cpu/runs/rapid_h8_s0")
 CM=(--cost-model "$R/bench_long_curves$TAG/cost_model.json" "${LENGTHS[@]}")
 
 QUEUE=$(mktemp)
