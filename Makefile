@@ -164,9 +164,12 @@ reproduce-ablations-cpu: install  ## the ablations on CPU: IW switches, eta, lea
 	$(STATS) multirun/ablations_cpu --out experiments/results/ablations_cpu
 	$(FIGURES) multirun/ablations_cpu --out experiments/results/ablations_cpu
 
-.PHONY: ablations-cpu auto-h-bench-long
+.PHONY: ablations-cpu auto-h-bench-long bench-long-curves
 ablations-cpu: install  ## the committed CPU ablation table: RAPID H=8 vs each switch, GRPO at H=8, PG; default task, 3 seeds (~8 min a run)
 	bash experiments/ablations_cpu.sh
+
+bench-long-curves: install  ## PG, RAPID H=8, GRPO learning curves (3 seeds), TRL, n_step 8 in the small-step regime, two cores (PARTS=, GRPO=0, TAG=)
+	bash experiments/bench_long_curves.sh
 
 auto-h-bench-long: install  ## H=auto vs fixed H 1..16 in the small-step regime, 3 seeds, one core (~35 min a seed)
 	bash experiments/auto_h_bench_long.sh
