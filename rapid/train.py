@@ -256,6 +256,7 @@ def train(cfg: DictConfig) -> dict:
         samples_done = state.get("samples", start_round * a.n_inference)
         if auto_h:
             h_state = adaptive_h.State.from_state_dict(state["auto_h"])
+        sampler.sync_weights(model)  # the engine was built from the initial weights: sample from the resumed ones
         print0(f"resumed from {resume_from} at round {start_round}")
     logger = MetricsLogger(
         run_dir,
