@@ -296,6 +296,13 @@ def test_smoke_run_writes_config_metrics_summary(tmp_path):
 
 
 @pytest.mark.slow
+def rewind_to_round_2(run: Path, rows: list[dict]) -> None:
+    """Leave a finished 4-round run as if it had been killed during round 3 (checkpoint of round 2 kept)."""
+    shutil.rmtree(run / "checkpoints" / "round_000004")
+    (run / "summary.json").unlink()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["round"] <= 2))
+
+
 def test_resume_reproduces_uninterrupted_run(tmp_path):
     overrides = ["+experiment=smoke", "device=cpu", "rounds=4", "ckpt.every=2", "ckpt.keep=5", "optim.lr=1e-3"]
     run_a = tmp_path / "a"
@@ -310,9 +317,7 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
     # B: the state of run A killed during round 3
     run_b = tmp_path / "b"
     shutil.copytree(run_a, run_b)
-    shutil.rmtree(run_b / "checkpoints" / "round_000004")
-    (run_b / "summary.json").unlink()
-    (run_b / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_a if r["round"] <= 2))
+    rewind_to_round_2(run_b, rows_a)
     proc = launch([f"resume={run_b}", f"hydra.run.dir={tmp_path / 'resume_hydra'}"], tmp_path, shaped=True)
     assert "at round 2" in proc.stdout
 
@@ -652,9 +657,7 @@ def test_resume_with_the_vllm_engine_samples_from_the_resumed_weights(tmp_path):
     launch([*overrides, f"hydra.run.dir={run}"], tmp_path, shaped=True)
     rows = read_rows(run)
     assert max(r["iw/staleness"] for r in train_rows(rows)) > 1e-3  # the weights moved before round 3
-    shutil.rmtree(run / "checkpoints" / "round_000004")
-    (run / "summary.json").unlink()
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["round"] <= 2))
+    rewind_to_round_2(run, rows)
     proc = launch([f"resume={run}", f"hydra.run.dir={tmp_path / 'resume_hydra'}"], tmp_path, shaped=True)
     assert "at round 2" in proc.stdout
     gaps = {r["round"]: r["sampler/logprob_mismatch"] for r in train_rows(read_rows(run))}
