@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rapid import estimators
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -152,6 +154,7 @@ def validate(cfg: DictConfig, world: int) -> None:
                 stacklevel=2,
             )
     correction = a.get("engine_correction", "none")
+    loss_problem = estimators.problem(a)  # the loss's name and its own settings (rapid/estimators.py)
     auto = a.H == "auto"
     samples = cfg.get("samples")
     checks = [
@@ -199,7 +202,7 @@ def validate(cfg: DictConfig, world: int) -> None:
             "full softmax, so the importance weights and ratios would be wrong: keep sampler.top_p=1.0 for RL "
             "(only distillation, distill.top_p, may truncate)",
         ),
-        (a.loss in ("iw_grpg", "grpo", "dapo"), f"algorithm.loss={a.loss} must be iw_grpg, grpo, dapo or sft"),
+        (loss_problem is None, loss_problem),
         (
             a.behavior_logprobs in ("sampler", "recompute"),
             f"algorithm.behavior_logprobs={a.behavior_logprobs} must be auto, sampler or recompute",
@@ -277,11 +280,11 @@ def with_current_defaults(saved) -> DictConfig:
 
 
 def skipped_groups(cfg: DictConfig) -> str | None:
-    """Which groups the training steps skip (`train.skip_zero_advantage`; `rapid.buffer.groups_with_gradient`):
-    under IW-GRPG's Eq. 4 baseline the all-zero-reward groups (their advantage is 0; an all-correct
-    group's, 1 − mean w̄, is not off-policy), under a plain group-mean baseline (GRPO, DAPO,
-    iw_baseline=false) every group of equal rewards, and none where GRPO's KL term pulls on every group."""
-    a = cfg.algorithm
-    if not cfg.train.skip_zero_advantage or (a.loss == "grpo" and a.kl_coef > 0):
+    """Which groups the training steps skip (`train.skip_zero_advantage`; `rapid.buffer.groups_with_gradient`),
+    as the loss declares it in rapid/estimators.py: under IW-GRPG's Eq. 4 baseline the all-zero-reward
+    groups (their advantage is 0; an all-correct group's, 1 − mean w̄, is not off-policy), under a plain
+    group-mean baseline (GRPO, DAPO, iw_baseline=false) every group of equal rewards, and none where
+    GRPO's KL term pulls on every group."""
+    if not cfg.train.skip_zero_advantage:
         return None
-    return "zero_rewards" if a.loss == "iw_grpg" and a.iw_baseline else "equal_rewards"
+    return estimators.get(cfg.algorithm.loss).skip(cfg.algorithm)  # each loss declares its own

@@ -42,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from rapid import adaptive_h, checkpoint, distributed
+from rapid import adaptive_h, checkpoint, distributed, estimators
 from rapid.buffer import ReplayBuffer, Rollout, keep_informative_groups
 from rapid.config import (
     ConfigError,
@@ -56,9 +56,9 @@ from rapid.config import (
 from rapid.data import PromptStream
 from rapid.distributed import all_reduce_max, all_reduce_sum, print0
 from rapid.evaluate import evaluate
-from rapid.iw_grpg import iw_grpg_loss, masked_mean, normalized_ess, sequence_logprobs
+from rapid.iw_grpg import masked_mean, normalized_ess
 from rapid.logger import MetricsLogger, write_run_files
-from rapid.losses import dapo_loss, group_normalized_advantages, grpo_loss, overlong_penalty
+from rapid.losses import overlong_penalty
 from rapid.mismatch import scale_gradient, truncated_is_factors
 from rapid.models import load_model_and_tokenizer
 from rapid.policy import (
@@ -266,8 +266,9 @@ def train(cfg: DictConfig) -> dict:
         resume_round=start_round if resume_from else None,
     )
 
-    reference = None  # GRPO's KL anchor: a frozen copy of the initial policy
-    if a.loss == "grpo" and a.kl_coef > 0:
+    estimator = estimators.get(a.loss)  # the loss and what it needs (rapid/estimators.py)
+    reference = None  # a KL anchor (GRPO, Dr. GRPO with kl_coef > 0): a frozen copy of the initial policy
+    if estimator.reference(a):
         reference = CompletionLogprobs(
             copy.deepcopy(model).requires_grad_(False).eval(),
             temperature,
@@ -284,47 +285,22 @@ def train(cfg: DictConfig) -> dict:
                 batch.logp_mu, batch.logp_engine, mask, a.engine_correction, a.engine_correction_cap
             )
             token_logp = scale_gradient(token_logp, factors)  # same values; each token's gradient times its factor
-        if a.loss == "iw_grpg":  # RAPID / PG: sequence-level IW-GRPG (Eq. 3-5)
-            loss, stats = iw_grpg_loss(
-                sequence_logprobs(token_logp, mask),
-                sequence_logprobs(batch.logp_mu, mask),
-                batch.rewards,
-                batch.group_ids,
-                eta=a.eta,
-                leave_one_out=a.leave_one_out,
-                normalizer=n_records,
-                iw_baseline=a.iw_baseline,
-                iw_gradient=a.iw_gradient,
-            )
-        else:  # GRPO / DAPO: token-level clipped ratios, group-normalised advantages
-            advantages = group_normalized_advantages(batch.rewards, batch.group_ids)
-            if a.loss == "grpo":
-                logp_ref = None
-                if reference is not None:
-                    with torch.no_grad(), autocast(device, compute_dtype):
-                        logp_ref = completion_logprobs(reference, batch).float()
-                loss, stats = grpo_loss(
-                    token_logp,
-                    batch.logp_mu,
-                    logp_ref,
-                    advantages,
-                    mask,
-                    clip_eps=a.clip_eps,
-                    kl_coef=a.kl_coef,
-                    aggregation=a.aggregation,
-                    max_tokens=t.max_new_tokens,
-                    normalizer=n_tokens if a.aggregation == "token_mean" else n_records,
-                )
-            else:
-                loss, stats = dapo_loss(
-                    token_logp,
-                    batch.logp_mu,
-                    advantages,
-                    mask,
-                    clip_low=a.clip_low,
-                    clip_high=a.clip_high,
-                    normalizer=n_tokens,
-                )
+        logp_ref = None
+        if reference is not None:
+            with torch.no_grad(), autocast(device, compute_dtype):
+                logp_ref = completion_logprobs(reference, batch).float()
+        inputs = estimators.LossInputs(
+            token_logp,
+            batch.logp_mu,
+            mask,
+            batch.rewards,
+            batch.group_ids,
+            logp_ref,
+            n_records,
+            n_tokens,
+            t.max_new_tokens,
+        )
+        loss, stats = estimator.fn(inputs, a)
         # |log π_θ − log μ| per token; on a round's first step θ = μ, so this is sampler/trainer mismatch
         stats["token_logp_gap"] = masked_mean((token_logp.detach() - batch.logp_mu).abs(), mask).item()
         return loss, stats | {f"correction_{k}": v for k, v in correction.items()}
