@@ -1,0 +1,127 @@
+"""The loss registry (rapid/estimators.py): what config validation accepts and refuses, what each loss
+declares (reference model, skippable groups), the yaml that selects it, and adding a new loss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from rapid import estimators
+from rapid.config import ConfigError, register_resolvers, skipped_groups, validate
+from rapid.estimators import LossInputs
+from tests.test_estimators import SETTINGS
+
+REPO = Path(__file__).resolve().parents[1]
+NEW = ("cispo", "gspo", "dr_grpo", "topr", "rapid_mask")
+
+
+def config(*overrides: str):
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        return compose("config", overrides=["+experiment=smoke", *overrides])
+
+
+def test_every_registered_loss_has_its_yaml_and_every_yaml_a_registered_loss():
+    yamls = [p.stem for p in (REPO / "conf" / "algorithm").glob("*.yaml") if p.stem != "sft"]
+    selected = {config(f"algorithm={y}").algorithm.loss for y in yamls}
+    assert selected == set(estimators.names()) == set(SETTINGS)  # algorithm=rapid and pg select iw_grpg
+    for name in estimators.names():
+        a = config(f"algorithm={'rapid' if name == 'iw_grpg' else name}").algorithm
+        assert a.loss == name
+        assert {k: a[k] for k in SETTINGS[name]} == SETTINGS[name]  # the values tests/test_estimators.py uses
+
+
+@pytest.mark.parametrize("name", [*NEW, "rapid", "pg", "grpo", "grpo_multistep", "dapo"])
+def test_validation_accepts_each_loss(name):
+    cfg = config(f"algorithm={name}")
+    validate(cfg, 1)
+
+
+def test_unknown_loss_is_one_sentence_listing_the_known_ones():
+    cfg = config("algorithm.loss=cispo_typo")
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, 1)
+    msg = str(e.value)
+    assert msg.startswith("algorithm.loss=cispo_typo is not a registered loss: use one of ") and "\n" not in msg
+    assert all(name in msg for name in estimators.names())
+    with pytest.raises(KeyError, match="cispo, dapo, dr_grpo, grpo, gspo, iw_grpg, rapid_mask, topr"):
+        estimators.get("nope")
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["algorithm.loss=cispo"], "algorithm.loss=cispo reads algorithm.eps_high, algorithm.eps_low"),
+        (["algorithm=cispo", "algorithm.eps_high=0"], "algorithm.eps_high=0 must be a number > 0"),
+        (["algorithm=cispo", "algorithm.eps_low=-1"], "algorithm.eps_low=-1 must be a number > 0"),
+        (["algorithm=gspo", "algorithm.clip_low=1.5"], "algorithm.clip_low=1.5 must be < 1"),
+        (["algorithm=gspo", "algorithm.clip_high=-1"], "algorithm.clip_high=-1 must be a number > 0"),
+        (["algorithm=dr_grpo", "algorithm.kl_coef=-0.1"], "algorithm.kl_coef=-0.1 must be >= 0"),
+        (["algorithm=topr", "algorithm.baseline=mean"], "algorithm.baseline=mean must be a number"),
+        (["algorithm=rapid_mask", "algorithm.eta=null"], "algorithm.eta=None must be a number >= 1"),
+        (["algorithm=topr", "algorithm.H=auto", "samples=64"], "algorithm.H=auto needs algorithm.loss=iw_grpg"),
+    ],
+)
+def test_bad_combinations_are_one_sentence(overrides, words):
+    cfg = config(*overrides)
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, 1)
+    assert str(e.value).startswith(words) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, skip, reference",
+    [
+        (["algorithm=rapid"], "zero_rewards", False),
+        (["algorithm=pg", "algorithm.iw_baseline=false"], "equal_rewards", False),
+        (["algorithm=grpo"], None, True),  # the KL term pulls on every group
+        (["algorithm=grpo", "algorithm.kl_coef=0"], "equal_rewards", False),
+        (["algorithm=dapo"], "equal_rewards", False),
+        (["algorithm=dr_grpo"], "equal_rewards", False),
+        (["algorithm=dr_grpo", "algorithm.kl_coef=0.04"], None, True),
+        (["algorithm=cispo"], "equal_rewards", False),
+        (["algorithm=gspo"], "equal_rewards", False),
+        (["algorithm=topr"], None, False),  # A = R − 0.5 is never 0
+        (["algorithm=topr", "algorithm.baseline=group_mean"], "equal_rewards", False),
+        (["algorithm=rapid_mask"], "zero_rewards", False),
+    ],
+)
+def test_skipped_groups_and_reference_come_from_the_loss(overrides, skip, reference):
+    cfg = config(*overrides, "train.skip_zero_advantage=true")
+    assert skipped_groups(cfg) == skip
+    assert estimators.get(cfg.algorithm.loss).reference(cfg.algorithm) is reference
+    cfg.train.skip_zero_advantage = False
+    assert skipped_groups(cfg) is None
+
+
+def test_adding_a_loss_is_one_function():
+    """A new estimator: register a function, and validation, skipping and the loss call know it."""
+
+    @estimators.register("half_reinforce", level="sequence", keys=("scale",), skip="equal_rewards")
+    def half_reinforce(x: LossInputs, a):
+        seq = (x.logp * x.mask).sum(-1)
+        adv = x.rewards - x.rewards.mean()
+        return -(a["scale"] * adv * seq).sum() / x.n_records, {}
+
+    try:
+        cfg = config("algorithm.loss=half_reinforce", "+algorithm.scale=0.5")
+        validate(cfg, 1)
+        logp = torch.tensor([[-1.0], [-2.0]], requires_grad=True)
+        x = LossInputs(logp, logp.detach(), torch.ones(2, 1), torch.tensor([1.0, 0.0]), torch.zeros(2), n_records=2)
+        loss, _ = estimators.compute("half_reinforce", x, cfg.algorithm)
+        loss.backward()
+        torch.testing.assert_close(logp.grad, torch.tensor([[-0.125], [0.125]]))  # −0.5 · (±0.5) / 2
+        with pytest.raises(ValueError, match="already registered"):
+            estimators.register("half_reinforce", level="sequence")(half_reinforce)
+        with pytest.raises(ConfigError, match="reads algorithm.scale"):
+            validate(config("algorithm.loss=half_reinforce"), 1)
+    finally:
+        del estimators.REGISTRY["half_reinforce"]
+    with pytest.raises(ValueError, match="level must be"):
+        estimators.register("x", level="tokens")
+    with pytest.raises(ValueError, match="skip must be one of"):
+        estimators.register("x", level="token", skip="all")
+    assert "x" not in estimators.REGISTRY
