@@ -53,6 +53,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from rapid import estimators  # noqa: E402
 from rapid.iw_grpg import group_advantages, iw_grpg_loss  # noqa: E402
 from rapid.profiling import cpu_description  # noqa: E402
 
@@ -99,6 +100,37 @@ def multisets(actions: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     return members, log_coef.exp().round()
 
 
+def loss_moments(
+    theta: torch.Tensor, theta0: torch.Tensor, reward: torch.Tensor, group: int, loss_of
+) -> tuple[torch.Tensor, float, list[tuple]]:
+    """Exact E[ĝ] [X, K] and E|ĝ − E ĝ|² at θ for groups sampled from μ = π_θ0, where the coefficients
+    c_n = −∂loss/∂logp_n come from ``loss_of(logp [M·G], logp_mu [M·G], rewards [M·G], ids [M·G])``, the
+    loss of one multiset per group with normaliser 1. Also, per context, (prob [M], logp, logp_mu,
+    rewards, ids) for callers that need more of the enumeration."""
+    X, K = theta.shape
+    B = X * group
+    pi, mu = theta.softmax(-1), theta0.softmax(-1)
+    members, coef = multisets(K, group)  # [M, G], [M]
+    M = len(members)
+    mean = torch.zeros(X, K, dtype=torch.float64)
+    var, per_context = 0.0, []
+    ids = torch.arange(M).repeat_interleave(group)  # one group per multiset
+    for x in range(X):
+        prob = coef * mu[x][members].prod(1)  # [M] probability of each multiset under μ
+        logp = pi[x].log()[members].reshape(-1).requires_grad_()
+        logp_mu = mu[x].log()[members].reshape(-1)
+        rewards = reward[x][members].reshape(-1)
+        (dlogp,) = torch.autograd.grad(loss_of(logp, logp_mu, rewards, ids), logp)
+        c = -dlogp.view(M, group)  # [M, G] c_n
+        # row x of ĝ for each multiset: (1/B) Σ_n c_n (onehot(a_n) − π_x)
+        g = torch.zeros(M, K, dtype=torch.float64).scatter_add_(1, members, c) - c.sum(1, keepdim=True) * pi[x]
+        g = g / B  # [M, K]
+        mean[x] = (prob[:, None] * g).sum(0)
+        var += float((prob * ((g - mean[x]) ** 2).sum(1)).sum())
+        per_context.append((prob, logp.detach(), logp_mu, rewards, ids))
+    return mean, var, per_context
+
+
 def estimator_moments(
     theta: torch.Tensor,
     theta0: torch.Tensor,
@@ -109,20 +141,10 @@ def estimator_moments(
     iw_baseline: bool = True,
     iw_gradient: bool = True,
 ) -> tuple[torch.Tensor, float, float, float]:
-    """Exact E[ĝ] [X, K], E|ĝ − E ĝ|², E Σ(w − w̄)|A| and E Σ w|A| at θ, with groups sampled from μ = π_θ0."""
-    X, K = theta.shape
-    B = X * group
-    pi, mu = theta.softmax(-1), theta0.softmax(-1)
-    members, coef = multisets(K, group)  # [M, G], [M]
-    M = len(members)
-    mean = torch.zeros(X, K, dtype=torch.float64)
-    var, removed, mass = 0.0, 0.0, 0.0
-    ids = torch.arange(M).repeat_interleave(group)  # one group per multiset
-    for x in range(X):
-        prob = coef * mu[x][members].prod(1)  # [M] probability of each multiset under μ
-        logp = pi[x].log()[members].reshape(-1).requires_grad_()
-        logp_mu = mu[x].log()[members].reshape(-1)
-        rewards = reward[x][members].reshape(-1)
+    """Exact E[ĝ] [X, K], E|ĝ − E ĝ|², E Σ(w − w̄)|A| and E Σ w|A| at θ of IW-GRPG (rapid.iw_grpg), with
+    groups sampled from μ = π_θ0."""
+
+    def loss_of(logp, logp_mu, rewards, ids):
         loss, _ = iw_grpg_loss(
             logp,
             logp_mu,
@@ -134,20 +156,40 @@ def estimator_moments(
             iw_baseline=iw_baseline,
             iw_gradient=iw_gradient,
         )
-        (dlogp,) = torch.autograd.grad(loss, logp)
-        c = -dlogp.view(M, group)  # [M, G] c_n
-        # row x of ĝ for each multiset: (1/B) Σ_n c_n (onehot(a_n) − π_x)
-        g = torch.zeros(M, K, dtype=torch.float64).scatter_add_(1, members, c) - c.sum(1, keepdim=True) * pi[x]
-        g = g / B  # [M, K]
-        mean[x] = (prob[:, None] * g).sum(0)
-        var += float((prob * ((g - mean[x]) ** 2).sum(1)).sum())
-        # clipped gradient mass, as iw/clipped_mass (A as this configuration computes it)
-        w = (logp.detach() - logp_mu).exp()
+        return loss
+
+    mean, var, per_context = loss_moments(theta, theta0, reward, group, loss_of)
+    removed, mass = 0.0, 0.0
+    for prob, logp, logp_mu, rewards, ids in per_context:  # clipped gradient mass, as iw/clipped_mass
+        w = (logp - logp_mu).exp()
         w_bar = w if eta is None else w.clamp(max=eta)
         adv = group_advantages(rewards, ids, w_bar if iw_baseline else None, leave_one_out).abs()
-        removed += float((prob * ((w - w_bar) * adv).view(M, group).sum(1)).sum())
-        mass += float((prob * (w * adv).view(M, group).sum(1)).sum())
+        removed += float((prob * ((w - w_bar) * adv).view(len(prob), group).sum(1)).sum())
+        mass += float((prob * (w * adv).view(len(prob), group).sum(1)).sum())
     return mean, var, removed, mass
+
+
+def registered_loss(name: str, settings: dict):
+    """loss_of for loss_moments from the registered loss ``name`` (rapid/estimators.py): each action is a
+    one-token completion, so token- and sequence-level ratios coincide and every normaliser (records,
+    tokens, records x max_tokens) is 1."""
+
+    def loss_of(logp, logp_mu, rewards, ids):
+        mask = torch.ones(len(logp), 1, dtype=torch.bool)
+        x = estimators.LossInputs(logp[:, None], logp_mu[:, None], mask, rewards, ids, None, 1.0, 1.0, 1)
+        loss, _ = estimators.compute(name, x, {**settings, "loss": name})
+        return loss
+
+    return loss_of
+
+
+def scored(mean: torch.Tensor, var: float, truth: torch.Tensor) -> dict[str, float]:
+    """rel_bias, cos, rel_var against the exact gradient; noise = var / |E ĝ|² (free of the estimator's scale)."""
+    norm2 = float((truth**2).sum())
+    mean2 = float((mean**2).sum())
+    bias = float(((mean - truth) ** 2).sum()) ** 0.5 / norm2**0.5
+    cos = float((mean * truth).sum()) / (mean2**0.5 * norm2**0.5) if mean2 > 0 else 0.0
+    return {"rel_bias": bias, "cos": cos, "rel_var": var / norm2, "noise": var / mean2 if mean2 > 0 else math.inf}
 
 
 def moments(
@@ -214,6 +256,52 @@ def sweep(args) -> tuple[list[dict], dict[int, dict]]:
     return rows, {k: staleness(thetas[k], theta0, args.etas) for k in args.ks}
 
 
+# (label, conf/algorithm yaml, overrides): the estimators of rapid/estimators.py at their yaml settings.
+# GRPO's KL term is left out: it pulls towards a reference policy, it is not part of the gradient estimate.
+ESTIMATORS = [
+    ("RAPID", "rapid", {}),
+    ("RAPID, leave-one-out", "rapid", {"leave_one_out": True}),
+    ("RAPID, eta none, leave-one-out", "rapid", {"eta": None, "leave_one_out": True}),
+    ("RAPID, masked IS", "rapid_mask", {}),
+    ("uncorrected GRPG", "rapid", {"iw_baseline": False, "iw_gradient": False}),
+    ("GRPO (no KL)", "grpo", {"kl_coef": 0.0}),
+    ("DAPO", "dapo", {}),
+    ("Dr. GRPO", "dr_grpo", {}),
+    ("CISPO", "cispo", {}),
+    ("GSPO", "gspo", {}),
+    ("TOPR", "topr", {}),
+    ("TOPR, group-mean baseline", "topr", {"baseline": "group_mean"}),
+]
+
+
+def yaml_settings(name: str) -> dict:
+    """conf/algorithm/<name>.yaml over conf/algorithm/rapid.yaml, as plain values (the one home of each setting)."""
+    from omegaconf import OmegaConf
+
+    conf = REPO / "conf" / "algorithm"
+    merged = OmegaConf.merge(OmegaConf.load(conf / "rapid.yaml"), OmegaConf.load(conf / f"{name}.yaml"))
+    settings = OmegaConf.to_container(merged)  # unresolved: n_inference's resolver is not needed here
+    return {k: v for k, v in settings.items() if k not in ("defaults", "n_inference")}
+
+
+def sweep_estimators(args) -> list[dict]:
+    """Every estimator of ESTIMATORS at every staleness k: scored() against ∇J(θ_k), and var_ratio, its
+    variance against its own variance on fresh samples (μ = π_θk) at the same θ_k."""
+    theta0, reward = make_bandit(args.contexts, args.actions, args.seed)
+    thetas = stale_thetas(theta0, reward, args.lr, args.ks)
+    rows = []
+    for label, yaml, overrides in ESTIMATORS:
+        settings = {**yaml_settings(yaml), **overrides}
+        loss_of = registered_loss(settings["loss"], settings)
+        for k in args.ks:
+            truth = exact_gradient(thetas[k], reward)
+            mean, var, _ = loss_moments(thetas[k], theta0, reward, args.group, loss_of)
+            _, fresh, _ = loss_moments(thetas[k], thetas[k], reward, args.group, loss_of)
+            rows.append({"estimator": label, "loss": settings["loss"], "k": k, **scored(mean, var, truth),
+                         "var_ratio": var / fresh if fresh > 0 else math.inf})  # fmt: skip
+    return rows
+
+
 def pick(rows, **match) -> list[dict]:
     return [r for r in rows if all(r[k] == v for k, v in match.items())]
 
@@ -227,7 +315,7 @@ def grid(rows: list[dict], ks: list[int], etas: list[str], value: str, **match) 
     return lines
 
 
-def report(rows: list[dict], stale: dict[int, dict], args, out: Path) -> str:
+def report(rows: list[dict], stale: dict[int, dict], args, out: Path, est_rows: list[dict] | None = None) -> str:
     ks = args.ks
     etas = ["none" if e is None else f"{e:g}" for e in args.etas]
     finite = [e for e in args.etas if e is not None]
@@ -281,17 +369,84 @@ def report(rows: list[dict], stale: dict[int, dict], args, out: Path) -> str:
                 + " | ".join(f"{c['rel_bias']:.3f} / {c['cos']:.3f} / {c['var_ratio']:.2f}" for c in cells)
                 + " |"
             )
+    if est_rows:
+        text += estimator_tables(est_rows, stale, ks)
     text += [
         "",
-        "Every configuration (eta x k x leave-one-out x switches) is in clip_bias.csv; the figure is clip_bias.png.",
+        "Every configuration (eta x k x leave-one-out x switches) is in clip_bias.csv; the figure is clip_bias.png."
+        + (" The estimators are in estimators.csv and estimators.png." if est_rows else ""),
         "",
     ]
     (out / "clip_bias.md").write_text("\n".join(text))
+    if est_rows:
+        with (out / "estimators.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(est_rows[0]))
+            writer.writeheader()
+            writer.writerows(est_rows)
     with (out / "clip_bias.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     return "\n".join(text)
+
+
+def estimator_tables(est_rows: list[dict], stale: dict[int, dict], ks: list[int]) -> list[str]:
+    """The estimators side by side (rapid/estimators.py at their conf/algorithm settings), one table per measure."""
+    text = [
+        "",
+        "## Off-policy estimators side by side (rapid/estimators.py, settings from conf/algorithm/)",
+        "",
+        "The same bandit, groups and staleness; each action is a one-token completion, so token- and "
+        "sequence-level ratios coincide (GSPO is then PPO with its 3e-4 / 4e-4 ranges on the sequence ratio) and "
+        "every loss normaliser is the number of records. GRPO, DAPO, CISPO and GSPO divide the advantage by the "
+        "group's std, which rescales the gradient by a per-group factor: for them the relative bias mixes scale "
+        "and direction, and the cosine is the measure of direction. noise = E|ĝ − E ĝ|² / |E ĝ|², free of scale.",
+        "",
+        "| staleness | " + " | ".join(f"k={k}" for k in ks) + " |",
+        "|---|" + "---:|" * len(ks),
+        "| E_μ abs(log w) | " + " | ".join(f"{stale[k]['abs_log_w']:.3f}" for k in ks) + " |",
+    ]
+    labels = list(dict.fromkeys(r["estimator"] for r in est_rows))
+    for value, what in (
+        ("rel_bias", "relative bias |E ĝ − ∇J| / |∇J|"),
+        ("cos", "cosine(E ĝ, ∇J)"),
+        ("noise", "noise E|ĝ − E ĝ|² / |E ĝ|² (one group per context)"),
+        ("var_ratio", "variance against the same estimator on fresh samples at θ_k"),
+    ):
+        text += ["", f"### {what}", "", "| estimator | " + " | ".join(f"k={k}" for k in ks) + " |"]
+        text.append("|---|" + "---:|" * len(ks))
+        for label in labels:
+            cells = [pick(est_rows, estimator=label, k=k)[0][value] for k in ks]
+            text.append(f"| {label} | " + " | ".join(f"{v:.3f}" for v in cells) + " |")
+    return text
+
+
+def plot_estimators(est_rows: list[dict], stale: dict[int, dict], args, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = args.ks
+    x = [stale[k]["abs_log_w"] for k in ks]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    for i, label in enumerate(dict.fromkeys(r["estimator"] for r in est_rows)):
+        style = "-" if i < 10 else "--"
+        for ax, value in zip(axes, ("rel_bias", "cos", "var_ratio")):
+            ys = [pick(est_rows, estimator=label, k=k)[0][value] for k in ks]
+            ax.plot(x, ys, style, color=f"C{i % 10}", marker="o", ms=3, label=label)
+    axes[0].set_title("relative bias |E ĝ − ∇J| / |∇J|")
+    axes[0].set_yscale("symlog", linthresh=0.01)
+    axes[1].set_title("cosine(E ĝ, ∇J)")
+    axes[2].set_title("variance / the same estimator's on fresh samples")
+    axes[2].set_yscale("log")
+    for ax in axes:
+        ax.set_xlabel("staleness E_μ|log w| (k = " + ", ".join(map(str, ks)) + ")")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def plot(rows: list[dict], stale: dict[int, dict], args, path: Path) -> None:
@@ -358,8 +513,10 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows, stale = sweep(args)
-    print(report(rows, stale, args, args.out))
+    est_rows = sweep_estimators(args)
+    print(report(rows, stale, args, args.out, est_rows))
     plot(rows, stale, args, args.out / "clip_bias.png")
+    plot_estimators(est_rows, stale, args, args.out / "estimators.png")
 
 
 if __name__ == "__main__":
