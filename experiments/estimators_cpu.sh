@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Each off-policy estimator of rapid/estimators.py at RAPID's H = 8 in the real loop, on the setting of the
+# committed CPU ablations (experiments/ablations_cpu.sh, experiments/results/ablations_cpu/): held-out
+# arithmetic, SmolLM2-135M-Instruct, n_step 32, n_group 8, lr 2e-5, 1,024 samples per run, evaluated once
+# after training on the 200 held-out problems, seeds 0 1 2 (SEEDS="0 1 2 3 4" where differences are near
+# the noise). RAPID H = 8 runs again here, on the same core, so that the time per sample is comparable.
+#   bash experiments/estimators_cpu.sh                 # ~5-8 minutes per run on one core of an AVX-512 EPYC
+#   CORE=1 bash experiments/estimators_cpu.sh & CORE=0 ORDER=reverse bash experiments/estimators_cpu.sh
+#   SEEDS="3 4" bash experiments/estimators_cpu.sh     # more seeds later; finished runs are kept
+#   EXTRA="+experiment=smoke samples=128 sampler=hf" OUT=/tmp/est/runs bash experiments/estimators_cpu.sh  # a dry run
+# Resumable: a run's directory is its lock and its record; a run that finished (summary.json) is skipped,
+# one that was interrupted (a directory without summary.json and no live worker) is started again with
+# RERUN_UNFINISHED=1. Runs land in $OUT/<override>,seed=<s>; then runs.csv + stats.md (95% bootstrap
+# intervals over seeds, tools/stats.py) and estimators.md (clip / mask / taper fractions, time per sample).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+CORE=${CORE:-0}
+ORDER=${ORDER:-forward}
+SEEDS=${SEEDS:-0 1 2}
+OUT=${OUT:-experiments/results/estimators_cpu/runs}
+export OMP_NUM_THREADS=1
+CONFIGS=(
+  "algorithm=rapid"                              # RAPID H = 8 (IW-GRPG, eta 2)
+  "algorithm=rapid_mask"                         # masked instead of truncated IS
+  "algorithm=cispo"
+  "algorithm=gspo"
+  "algorithm=dr_grpo"
+  "algorithm=topr"
+  "algorithm=grpo_multistep"                     # GRPO at H = 8, KL 0.04 (as in the ablations)
+  "algorithm=dapo algorithm.H=8"                 # DAPO at H = 8 (dynamic sampling, overlong penalty)
+)
+Q=()
+for s in $SEEDS; do
+  for c in "${CONFIGS[@]}"; do Q+=("$s|${c// /,}|$c"); done
+done
+if [ "$ORDER" = reverse ]; then R=(); for ((i = ${#Q[@]} - 1; i >= 0; i--)); do R+=("${Q[$i]}"); done; Q=("${R[@]}"); fi
+mkdir -p "$OUT"
+for item in "${Q[@]}"; do
+  IFS='|' read -r s name overrides <<< "$item"
+  d="$OUT/$name,seed=$s"
+  [ -f "$d/summary.json" ] && continue                                  # finished
+  if ! mkdir "$d" 2> /dev/null; then                                    # taken by a worker, or interrupted
+    [ "${RERUN_UNFINISHED:-0}" = 1 ] || continue
+    rm -rf "$d" && mkdir "$d" || continue
+  fi
+  # shellcheck disable=SC2086
+  taskset -c "$CORE" "$PY" -m rapid.train samples=1024 eval.every=0 eval.at_start=false logger.progress=false \
+    ckpt.every=0 seed="$s" $overrides ${EXTRA:-} "hydra.run.dir='$d'" > "$d.log" 2>&1
+  rm -rf "$d/checkpoints"   # the final checkpoint (~1.6 GB) is not needed for the table
+done
+"$PY" tools/stats.py "$OUT" --out "$OUT/.."
+# per configuration: the fraction of records or tokens each estimator clips, masks or tapers, and the
+# wall time per generated sample (the sum of time/round_s over 1,024 samples), mean over its seeds
+"$PY" - "$OUT" > "$OUT/../estimators.md" << 'PYEOF'
+import json, statistics, sys
+from pathlib import Path
+
+runs = {}
+for d in sorted(Path(sys.argv[1]).glob("*,seed=*")):
+    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()] if (d / "metrics.jsonl").exists() else []
+    train = [r for r in rows if "time/round_s" in r]
+    if not (d / "summary.json").exists() or not train:
+        continue
+    frac = [r.get("iw/clip_frac", r.get("loss/trunc_frac")) for r in train]
+    frac = [f for f in frac if f is not None]
+    runs.setdefault(d.name.rsplit(",seed=", 1)[0], []).append(
+        (statistics.mean(frac) if frac else float("nan"), sum(r["time/round_s"] for r in train) / train[-1]["samples"])
+    )
+print("| configuration | seeds | clip / mask / taper fraction | wall s per sample |")
+print("|---|---:|---:|---:|")
+for name, xs in sorted(runs.items()):
+    print(f"| {name} | {len(xs)} | {statistics.mean(x[0] for x in xs):.3f} | {statistics.mean(x[1] for x in xs):.3f} |")
+PYEOF
