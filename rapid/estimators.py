@@ -42,8 +42,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rapid.iw_grpg import LOG_RATIO_MAX, group_advantages, iw_grpg_loss, sequence_logprobs
-from rapid.losses import dapo_loss, group_normalized_advantages, grpo_loss
+from rapid import iw_grpg as _iw_grpg
+from rapid import losses as _losses
+from rapid.iw_grpg import LOG_RATIO_MAX, group_advantages, sequence_logprobs
 
 __all__ = [
     "LossInputs",
@@ -359,6 +360,10 @@ def masked_iw_loss(
 # ----------------------------------------------------------------------------- the registry
 
 
+# The existing losses are looked up in their modules at call time (rapid.losses.grpo_loss, not a copy
+# bound at import), so that a function replaced there (tests/test_ablations.py traces them) is the one run.
+
+
 def _seq(x: LossInputs) -> tuple[Tensor, Tensor]:
     return sequence_logprobs(x.logp, x.mask), sequence_logprobs(x.logp_old, x.mask)
 
@@ -372,7 +377,7 @@ def _seq(x: LossInputs) -> tuple[Tensor, Tensor]:
 )
 def iw_grpg(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
     """RAPID (and PG at H = 1): IW-GRPG, Eq. 3-5 (rapid/iw_grpg.py)."""
-    return iw_grpg_loss(
+    return _iw_grpg.iw_grpg_loss(
         *_seq(x),
         x.rewards,
         x.group_ids,
@@ -417,11 +422,11 @@ def _kl_check(a: Mapping[str, Any]) -> str | None:
 )
 def grpo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
     """GRPO (DeepSeekMath): rapid.losses.grpo_loss on std-normalised group advantages."""
-    return grpo_loss(
+    return _losses.grpo_loss(
         x.logp,
         x.logp_old,
         x.logp_ref,
-        group_normalized_advantages(x.rewards, x.group_ids),
+        _losses.group_normalized_advantages(x.rewards, x.group_ids),
         x.mask,
         clip_eps=a["clip_eps"],
         kl_coef=a["kl_coef"],
@@ -434,10 +439,10 @@ def grpo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]
 @register("dapo", level="token", keys=("clip_low", "clip_high"), check=lambda a: _positive(a, "clip_low", "clip_high"))
 def dapo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
     """DAPO: rapid.losses.dapo_loss on std-normalised group advantages."""
-    return dapo_loss(
+    return _losses.dapo_loss(
         x.logp,
         x.logp_old,
-        group_normalized_advantages(x.rewards, x.group_ids),
+        _losses.group_normalized_advantages(x.rewards, x.group_ids),
         x.mask,
         clip_low=a["clip_low"],
         clip_high=a["clip_high"],
@@ -456,11 +461,11 @@ def dapo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]
 def dr_grpo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
     """Dr. GRPO (arXiv 2503.20783, Eq. 3): GRPO without the std in the advantage (A = R − mean_k R)
     and without the per-completion length normalisation (a constant, B · max_tokens)."""
-    return grpo_loss(
+    return _losses.grpo_loss(
         x.logp,
         x.logp_old,
         x.logp_ref,
-        group_normalized_advantages(x.rewards, x.group_ids, scale=None),
+        _losses.group_normalized_advantages(x.rewards, x.group_ids, scale=None),
         x.mask,
         clip_eps=a["clip_eps"],
         kl_coef=a["kl_coef"],
@@ -480,7 +485,7 @@ def cispo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]
     return cispo_loss(
         x.logp,
         x.logp_old,
-        group_normalized_advantages(x.rewards, x.group_ids),
+        _losses.group_normalized_advantages(x.rewards, x.group_ids),
         x.mask,
         eps_high=a["eps_high"],
         eps_low=a["eps_low"],
@@ -505,7 +510,7 @@ def gspo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]
     return gspo_loss(
         x.logp,
         x.logp_old,
-        group_normalized_advantages(x.rewards, x.group_ids),
+        _losses.group_normalized_advantages(x.rewards, x.group_ids),
         x.mask,
         clip_low=a["clip_low"],
         clip_high=a["clip_high"],
