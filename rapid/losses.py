@@ -1,6 +1,7 @@
 """Token-level losses of the paper's baselines: GRPO (DeepSeekMath) and DAPO, with their helpers.
 
-Pure tensor math: no model, no config, no state. RAPID's own loss is in ``rapid.iw_grpg``.
+Pure tensor math: no model, no config, no state. RAPID's own loss is in ``rapid.iw_grpg``; every loss
+is registered under its `algorithm.loss` name in ``rapid.estimators`` (with CISPO, GSPO, Dr. GRPO, TOPR).
 
 A minibatch holds ``B`` completions of at most ``T`` tokens: ``logp`` [B, T] are the token
 log-probs under the current policy π_θ (differentiable), ``logp_old`` [B, T] under the policy
