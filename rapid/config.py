@@ -37,8 +37,18 @@ class ConfigError(ValueError):
     is one sentence saying how."""
 
 
+class RunStopped(RuntimeError):
+    """A started run stopped itself because going on could only do harm (non-finite updates,
+    rapid/nonfinite.py); the message is one sentence saying why and what to change."""
+
+
+EXIT_CONFIG_ERROR, EXIT_RUN_STOPPED = 2, 3
+
+
 def exit_on_config_error(main: Callable) -> Callable:
-    """Entry-point decorator: a ConfigError ends the program with its one sentence, not a traceback."""
+    """Entry-point decorator: a ConfigError ends the program with its one sentence and exit status 2
+    (removing the run directory Hydra made for it if nothing was written there), a RunStopped with its
+    one sentence and exit status 3; never a traceback."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
@@ -46,9 +56,28 @@ def exit_on_config_error(main: Callable) -> Callable:
             return main(*args, **kwargs)
         except ConfigError as e:
             print(f"rapid: {e}", flush=True)
-            sys.exit(2)
+            remove_empty_run_dir()
+            sys.exit(EXIT_CONFIG_ERROR)
+        except RunStopped as e:
+            print(f"rapid: {e}", flush=True)
+            sys.exit(EXIT_RUN_STOPPED)
 
     return wrapper
+
+
+def remove_empty_run_dir() -> None:
+    """Hydra creates the run directory before `main` runs: a start refused before anything was written
+    leaves none behind (a directory that holds anything, e.g. an earlier run's, is left alone)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+    except Exception:  # not under Hydra
+        return
+    try:
+        run_dir.rmdir()  # only if empty
+    except OSError:
+        pass
 
 
 def register_resolvers() -> None:
@@ -96,6 +125,7 @@ NUMBERS = [
     ("optim.weight_decay", float, 0, False, None),
     ("optim.grad_clip", float, 0, True, None),
     ("optim.warmup_steps", int, 0, False, None),
+    ("optim.max_nonfinite_steps", int, 1, False, None),
     ("reward.workers", int, 0, False, None),
     ("reward.timeout_s", float, 0, True, None),
     ("train.micro_batch", int, 1, False, None),
@@ -268,11 +298,13 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def with_current_defaults(saved) -> DictConfig:
-    """A run's saved config with every key added to conf/ since it was written (conf/base.yaml and
-    conf/algorithm/rapid.yaml) at its default, so that older runs resume, replay and report."""
+    """A run's saved config with every key added to conf/ since it was written (conf/base.yaml,
+    conf/config.yaml and conf/algorithm/rapid.yaml) at its default, so that older runs resume, replay and report."""
     base = OmegaConf.load(CONF / "base.yaml")
     base.pop("hydra", None)
-    defaults = OmegaConf.merge(base, {"algorithm": OmegaConf.load(CONF / "algorithm" / "rapid.yaml")})
+    top = OmegaConf.load(CONF / "config.yaml")
+    top.pop("defaults", None)
+    defaults = OmegaConf.merge(base, {"algorithm": OmegaConf.load(CONF / "algorithm" / "rapid.yaml")}, top)
     return OmegaConf.merge(defaults, saved)
 
 

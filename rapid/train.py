@@ -61,6 +61,7 @@ from rapid.logger import MetricsLogger, write_run_files
 from rapid.losses import dapo_loss, group_normalized_advantages, grpo_loss, overlong_penalty
 from rapid.mismatch import scale_gradient, truncated_is_factors
 from rapid.models import load_model_and_tokenizer
+from rapid.nonfinite import StepGuard
 from rapid.policy import (
     CompletionLogprobs,
     accumulate_gradients,
@@ -275,6 +276,7 @@ def train(cfg: DictConfig) -> dict:
         )
 
     skip_groups = skipped_groups(cfg)  # groups whose advantages are all 0 are not run
+    guard = StepGuard(o.max_nonfinite_steps, device)  # non-finite loss or gradient: step skipped
 
     def loss_fn(token_logp, batch, n_records, n_tokens):
         mask = batch.completion_mask
@@ -390,6 +392,8 @@ def train(cfg: DictConfig) -> dict:
             device=device,
             seed=derive_seed(cfg.seed, EVAL_STREAM) % 2**31,
             outcomes=correct,
+            workers=cfg.reward.workers,
+            timeout=cfg.reward.timeout_s,
         )
         row = {"round": round_, **row, "time/eval_s": time.perf_counter() - t0}
         if log:
@@ -482,7 +486,8 @@ def train(cfg: DictConfig) -> dict:
                     break
                 stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip).item()
                 stats["lr"] = scheduler.get_last_lr()[0]
-                optimizer.step()
+                if guard.ok(stats["loss"], stats["grad_norm"], step=scheduler.last_epoch):  # else skipped
+                    optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 steps.append(stats)
@@ -500,6 +505,7 @@ def train(cfg: DictConfig) -> dict:
             "samples": samples_done,
             "epoch": stream.epoch + stream.pos / len(train_records),
             **round_metrics(rollouts, steps, failed, mismatch, world, device),
+            "train/nonfinite_steps": guard.take_count(),
             **timing_metrics(clock.row(), round_s, sum(len(r.completion_ids) for r in rollouts) * world),
             "wall_s": time.perf_counter() - t_start,
         }
