@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import faulthandler
 import importlib
 import math
 import multiprocessing as mp
@@ -133,6 +134,7 @@ def _detach(parent_pid: int) -> None:
     """In a new grading process: lead a process group of its own (killed with everything it starts)
     and die with the process that started it."""
     os.setpgid(0, 0)
+    faulthandler.disable()  # a crash here is a failed check, reported by the parent, not a traceback dump
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: timeouts and close() still kill it
