@@ -46,6 +46,8 @@ from rapid import adaptive_h, checkpoint, distributed
 from rapid.buffer import ReplayBuffer, Rollout, keep_informative_groups
 from rapid.config import (
     ConfigError,
+    check_known_keys,
+    check_new_run_dir,
     exit_on_config_error,
     register_resolvers,
     resolve_dtype,
@@ -215,7 +217,11 @@ def train(cfg: DictConfig) -> dict:
         if ignored:
             print0(f"resume continues with the run's saved config; ignoring {' '.join(ignored)}")
         cfg = checkpoint.load_config(resume_from)  # the run continues with the config it started with
+    else:  # a new run: every key known (rapid/config.py)
+        check_known_keys(cfg)
     rank, world, device = distributed.init(cfg.device)
+    if resume_from is None and distributed.is_main():
+        check_new_run_dir(run_dir)  # never appends to an earlier run's files
     validate(cfg, world)
     a, t, o = cfg.algorithm, cfg.task, cfg.optim
     compute_dtype = resolve_dtype(cfg.model.dtype, device)
