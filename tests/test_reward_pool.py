@@ -50,7 +50,7 @@ def bad_task(tmp_path, monkeypatch):
     (tmp_path / "misbehaving_task.py").write_text(TASK)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{REPO}")
-    monkeypatch.setattr(rewards, "_WARNED", set())  # each test sees the once-per-task warnings
+    monkeypatch.setattr(rewards, "_WARNED", set(), raising=False)  # each test sees the once-per-task warnings
     import misbehaving_task
 
     return misbehaving_task
