@@ -16,8 +16,8 @@ Where grading runs:
 - `workers = 0` (the default): one child forked from this process for the call. It sees the reward
   exactly as this process does (plugin modules, functions replaced at run time), yet a hang, a crash
   or a GIL-holding loop is killed at `timeout` like a pool worker's, and the call goes on in a fresh
-  child. The fork's cost grows with this process's resident memory (measured on a busy 2-core EPYC:
-  ~0.05 s per call at 0.4 GB, ~0.15-0.3 s at 2 GB; once per round and per evaluation), and a task
+  child. The fork's cost grows with this process's resident memory (docs/safety_run.md: 256 checks
+  took 0.02-0.1 s at 0.2 GB and 0.3-0.45 s at 1.8 GB, once per round and evaluation), and a task
   that keeps a helper process (MATH's sympy checker) starts it again in every call's child: with a
   large trainer or such a task, `reward.workers >= 1` is cheaper. The child runs only the reward: it
   must not use torch's thread pools.
