@@ -23,10 +23,12 @@ from tests.helpers import encode, tiny_model
 REPO = Path(__file__).resolve().parents[1]
 
 TASK = """
-import ctypes, time
+import ctypes, os, pathlib, time
 
 def reward(completion, record):
     kind = record["kind"]
+    if kind in ("hang", "spin") and os.environ.get("GRADING_MARKS"):  # tell the test this process grades
+        (pathlib.Path(os.environ["GRADING_MARKS"]) / str(os.getpid())).touch()
     if kind == "hang":
         time.sleep(600)
     if kind == "spin":              # a pure-Python loop: holds the GIL, no signal handler runs
@@ -107,36 +109,26 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_killed_trainer_leaves_no_grading_process(bad_task, workers):
+def test_a_killed_trainer_leaves_no_grading_process(bad_task, workers, tmp_path):
+    """The trainer is killed while its grading processes are hung in a reward (each marks itself)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
     code = (
         "import misbehaving_task\n"
         "from rapid.rewards import score\n"
         f"score(misbehaving_task, ['x'] * 4, [{{'kind': 'hang'}}, {{'kind': 'spin'}}] * 2, workers={workers},"
         " timeout=600)\n"
     )
-    trainer = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=os.environ)
+    trainer = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "GRADING_MARKS": str(marks)})
     try:
-        deadline = time.monotonic() + 60
-        graders: list[int] = []
-        while len(graders) < max(workers, 1) and time.monotonic() < deadline:
-            time.sleep(0.5)
-            graders = children(trainer.pid)
-        assert len(graders) >= max(workers, 1), "the grading processes did not start"
-        time.sleep(3)  # past the workers' start-up: grading, hung
-        graders = children(trainer.pid)
+        deadline = time.monotonic() + 120
+        while len(list(marks.iterdir())) < max(workers, 1) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        graders = [int(p.name) for p in marks.iterdir()]
+        assert len(graders) >= max(workers, 1), "the grading processes did not start grading"
+        assert all(alive(p) for p in graders) and trainer.pid not in graders  # graded where it can be killed
+        time.sleep(0.5)  # the spinning one is deep in its loop
         os.kill(trainer.pid, signal.SIGKILL)
         trainer.wait(timeout=30)
         deadline = time.monotonic() + 10
