@@ -2,8 +2,8 @@
 
 A check fails (reward 0.0, counted in `n_failed`, i.e. train/reward_failures) when the task's
 `reward(completion, record)` raises anything (a parser, math-verify out of time: `GradingError`, a
-sandbox that did not start), returns something that is not a finite number (NaN, inf, None, a
-string), kills its process (a segfault, `os._exit`) or runs past `timeout` seconds. This holds for
+sandbox that did not start), returns no finite number (NaN, inf, or what `float()` refuses, such as
+None), kills its process (a segfault, `os._exit`) or runs past `timeout` seconds. This holds for
 every task, plugin tasks included; the first failure of each kind per task is warned about once,
 naming the task, and so is a call in which every check failed (a grader broken by the environment).
 A non-finite reward is a failed check rather than a stop of the run: one odd completion should not
