@@ -4,6 +4,9 @@
     model/      the policy (save_pretrained: loadable by transformers and rapid.evaluate)
     state.pt    optimizer, scheduler, round, samples, data position, RNG states, elapsed time, config,
                 the H=auto controller's state
+
+A checkpoint is never written from weights that hold a NaN or an infinity (`save` raises
+`rapid.config.RunStopped` and leaves the checkpoints on disk as they were; rapid/nonfinite.py).
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoModelForCausalLM
 
-from rapid.config import with_current_defaults
+from rapid.config import RunStopped, with_current_defaults
 from rapid.models import unwrap
+from rapid.nonfinite import nonfinite_parameters
 from rapid.seeding import rng_state, set_rng_state
 
 
@@ -36,7 +40,15 @@ def save(
     keep: int,
     extra: dict | None = None,
 ) -> Path:
-    """`extra`: more of the loop's state (samples generated so far, the H=auto controller's state)."""
+    """`extra`: more of the loop's state (samples generated so far, the H=auto controller's state).
+    Raises RunStopped, writing nothing, if a parameter is not finite."""
+    poisoned = nonfinite_parameters(unwrap(model))
+    if poisoned:
+        raise RunStopped(
+            f"the weights after round {round_} hold NaN or infinite values ({len(poisoned)} parameters, e.g. "
+            f"{poisoned[0]}), so no checkpoint was written and the earlier ones are kept: lower optim.lr or "
+            "check the reward"
+        )
     root = Path(run_dir) / "checkpoints"
     path, tmp = root / f"round_{round_:06d}", root / f"round_{round_:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)

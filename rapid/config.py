@@ -4,7 +4,9 @@ rapid/adaptive_h.py); the run's length in rounds and samples; and the resolution
 
 from __future__ import annotations
 
+import difflib
 import functools
+import json
 import math
 import sys
 import warnings
@@ -39,8 +41,18 @@ class ConfigError(ValueError):
     is one sentence saying how."""
 
 
+class RunStopped(RuntimeError):
+    """A started run stopped itself because going on could only do harm (non-finite updates,
+    rapid/nonfinite.py); the message is one sentence saying why and what to change."""
+
+
+EXIT_CONFIG_ERROR, EXIT_RUN_STOPPED = 2, 3
+
+
 def exit_on_config_error(main: Callable) -> Callable:
-    """Entry-point decorator: a ConfigError ends the program with its one sentence, not a traceback."""
+    """Entry-point decorator: a ConfigError ends the program with its one sentence and exit status 2
+    (removing the run directory Hydra made for it if nothing was written there), a RunStopped with its
+    one sentence and exit status 3; never a traceback."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
@@ -48,9 +60,28 @@ def exit_on_config_error(main: Callable) -> Callable:
             return main(*args, **kwargs)
         except ConfigError as e:
             print(f"rapid: {e}", flush=True)
-            sys.exit(2)
+            remove_empty_run_dir()
+            sys.exit(EXIT_CONFIG_ERROR)
+        except RunStopped as e:
+            print(f"rapid: {e}", flush=True)
+            sys.exit(EXIT_RUN_STOPPED)
 
     return wrapper
+
+
+def remove_empty_run_dir() -> None:
+    """Hydra creates the run directory before `main` runs: a start refused before anything was written
+    leaves none behind (a directory that holds anything, e.g. an earlier run's, is left alone)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+    except Exception:  # not under Hydra
+        return
+    try:
+        run_dir.rmdir()  # only if empty
+    except OSError:
+        pass
 
 
 def register_resolvers() -> None:
@@ -98,6 +129,7 @@ NUMBERS = [
     ("optim.weight_decay", float, 0, False, None),
     ("optim.grad_clip", float, 0, True, None),
     ("optim.warmup_steps", int, 0, False, None),
+    ("optim.max_nonfinite_steps", int, 1, False, None),
     ("reward.workers", int, 0, False, None),
     ("reward.timeout_s", float, 0, True, None),
     ("train.micro_batch", int, 1, False, None),
@@ -153,6 +185,13 @@ def validate(cfg: DictConfig, world: int) -> None:
                 "staleness; algorithm.behavior_logprobs=recompute (or auto) avoids it",
                 stacklevel=2,
             )
+    group_relative = a.loss in estimators.REGISTRY and not (a.loss == "topr" and a.baseline != "group_mean")
+    if a.n_group == 1 and group_relative:
+        warnings.warn(
+            f"algorithm.n_group=1 gives every prompt a group of one completion, whose group advantage is always 0 "
+            f"(algorithm.loss={a.loss} learns nothing): use algorithm.n_group >= 2",
+            stacklevel=2,
+        )
     correction = a.get("engine_correction", "none")
     loss_problem = estimators.problem(a)  # the loss's name and its own settings (rapid/estimators.py)
     auto = a.H == "auto"
@@ -271,11 +310,13 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def with_current_defaults(saved) -> DictConfig:
-    """A run's saved config with every key added to conf/ since it was written (conf/base.yaml and
-    conf/algorithm/rapid.yaml) at its default, so that older runs resume, replay and report."""
+    """A run's saved config with every key added to conf/ since it was written (conf/base.yaml,
+    conf/config.yaml and conf/algorithm/rapid.yaml) at its default, so that older runs resume, replay and report."""
     base = OmegaConf.load(CONF / "base.yaml")
     base.pop("hydra", None)
-    defaults = OmegaConf.merge(base, {"algorithm": OmegaConf.load(CONF / "algorithm" / "rapid.yaml")})
+    top = OmegaConf.load(CONF / "config.yaml")
+    top.pop("defaults", None)
+    defaults = OmegaConf.merge(base, {"algorithm": OmegaConf.load(CONF / "algorithm" / "rapid.yaml")}, top)
     return OmegaConf.merge(defaults, saved)
 
 
@@ -288,3 +329,92 @@ def skipped_groups(cfg: DictConfig) -> str | None:
     if not cfg.train.skip_zero_advantage:
         return None
     return estimators.get(cfg.algorithm.loss).skip(cfg.algorithm)  # each loss declares its own
+
+
+# Keys whose contents are free: the Hugging Face config of a model built from scratch, and a plugin
+# task's own settings (rapid/tasks/__init__.py passes every task.* key to the task's functions).
+FREE_FORM = ("model.architecture.",)
+
+
+def known_keys() -> set[str]:
+    """Every key that some file under conf/ sets, as a dotted path in the composed config: a group
+    option's keys under its group (conf/stage/<name>.yaml under <name>, where conf/ places them), a
+    `# @package _global_` file's and a top-level file's at the root."""
+    keys: set[str] = set()
+    for path in CONF.rglob("*.yaml"):
+        parts = path.relative_to(CONF).parts
+        text = path.read_text()
+        if len(parts) == 1 or "@package _global_" in text:
+            prefixes = [""]
+        elif parts[0] == "stage":  # placed at <name> by conf/sft.yaml, at algorithm.<name> by conf/algorithm/sft.yaml
+            prefixes = [path.stem, f"algorithm.{path.stem}"]
+        else:
+            prefixes = [".".join(parts[:-1])]
+        node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        node.pop("defaults", None)
+        for prefix in prefixes:
+            keys.update(_paths(node, prefix), [prefix] if prefix else [])
+    return keys
+
+
+def _paths(node, prefix: str = "") -> list[str]:
+    out = []
+    for key, value in node.items() if isinstance(node, dict) else ():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        out.append(path)
+        out += _paths(value, path)
+    return out
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Every key of the composed config is one that conf/ defines: a key added with `+` or `++` that
+    nothing reads (a misspelling, `+algorithm.etaa=2`) is refused with one ConfigError sentence,
+    like an unknown key without `+` (which Hydra refuses). A plugin task's task.* keys are its own."""
+    known = known_keys()
+    plugin = not str(OmegaConf.select(cfg, "task.module", default="") or "").startswith("rapid.tasks.")
+    free = FREE_FORM + (("task.",) if plugin else ())
+    for path in _paths(OmegaConf.to_container(cfg, resolve=False)):
+        if path in known or path.startswith(free) or path.startswith("hydra."):
+            continue
+        parent, _, leaf = path.rpartition(".")
+        siblings = [k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent]
+        close = difflib.get_close_matches(leaf, siblings, n=1)
+        raise ConfigError(
+            f"unknown config key {path}"
+            + (f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else "")
+            + ": rapid reads no such setting, so remove it or fix its name (every key is documented in conf/)"
+        )
+
+
+RUN_FILES = ("metrics.jsonl", "checkpoints", "config.yaml", "meta.json", "summary.json")
+
+
+def check_new_run_dir(run_dir: Path) -> None:
+    """A new run never writes into the directory of an earlier one (its metrics would be appended to
+    the old ones): it is refused, pointing at resume=<dir> or a new directory."""
+    found = [name for name in RUN_FILES if (Path(run_dir) / name).exists()]
+    if found:
+        raise ConfigError(
+            f"the run directory {run_dir} already holds a run ({', '.join(found)}): continue it with "
+            f"resume={run_dir}, or start a new run in a new directory (hydra.run.dir=<new dir>)"
+        )
+
+
+def check_splits(task: str, train_records: list, eval_records: list) -> None:
+    """Both splits hold records (an empty training split would hang the prompt stream), and a warning
+    when held-out problems are also training problems (e.g. one file serving both splits)."""
+    for split, records in (("training", train_records), ("held-out", eval_records)):
+        if not records:
+            raise ConfigError(
+                f"task {task}'s {split} split holds no records: point task.data_path at data with "
+                f"{split} problems (or, for a split cut from one file, lower task.n_eval)"
+            )
+    train = {json.dumps(r, sort_keys=True, default=str) for r in train_records}
+    shared = sum(json.dumps(r, sort_keys=True, default=str) in train for r in eval_records)
+    if shared:
+        warnings.warn(
+            f"{shared} of the {len(eval_records)} held-out problems of task {task} are also training problems "
+            "(one file serving both splits?), so eval/accuracy measures recall, not generalisation: point "
+            "task.data_path at a folder with separate train and test files",
+            stacklevel=2,
+        )

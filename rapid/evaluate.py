@@ -9,6 +9,10 @@ averaged over problems. Under DDP each rank evaluates its share of the problems 
 summed. Results go to <run_dir>/eval.json and the console. `outcomes`, when given a list, receives the
 greedy verdict (1 or 0) of every problem in record order, gathered from all ranks: training runs keep
 them in <run_dir>/eval_outcomes.jsonl, so that confidence intervals can resample problems.
+
+Completions are graded as in training (`rapid.rewards.score`, `reward.workers` and `reward.timeout_s`):
+a held-out check that hangs, crashes or raises scores 0 and is counted in `eval/reward_failures`; it
+never stops the evaluation.
 """
 
 from __future__ import annotations
@@ -52,16 +56,22 @@ def evaluate(
     device=torch.device("cpu"),
     seed: int = 0,
     outcomes: list[int] | None = None,
+    workers: int = 0,
+    timeout: float = 60.0,
 ) -> dict[str, float]:
     """`eval/accuracy` (greedy if temperature is 0), `eval/reward_mean`, `eval/completion_len`, `eval/n`,
-    and with n_samples > 1 `eval/pass@k` for each k in ks from n_samples samples at sample_temperature."""
+    `eval/reward_failures`, and with n_samples > 1 `eval/pass@k` for each k in ks from n_samples samples
+    at sample_temperature. Grading: `workers` processes (0: a killable child), `timeout` s per check."""
     mine = list(range(rank, len(records), world))
     my_prompts = [prompts[i] for i in mine]
     first = sampler.generate(
         my_prompts, n=1, max_new_tokens=max_new_tokens, temperature=temperature, seeds=[seed + i for i in mine]
     )
-    rewards = score(task, [c[0].text for c in first], [records[i] for i in mine])[0]  # a failed check: 0
+    rewards, failed = score(
+        task, [c[0].text for c in first], [records[i] for i in mine], workers=workers, timeout=timeout
+    )  # a failed check: 0
     values = [sum(r == 1.0 for r in rewards), sum(rewards), len(mine), sum(len(c[0].token_ids) for c in first)]
+    values.append(failed)
     if outcomes is not None:
         by_index = {i: int(r == 1.0) for part in all_gather_objects(list(zip(mine, rewards))) for i, r in part}
         outcomes[:] = [by_index[i] for i in range(len(records))]
@@ -74,10 +84,18 @@ def evaluate(
             temperature=sample_temperature,
             seeds=[seed + 7919 + i for i in mine],
         )
-        correct = [
-            sum(r == 1.0 for r in score(task, [c.text for c in group], [records[i]] * len(group))[0])
-            for group, i in zip(groups, mine)
-        ]
+        flat, failed = score(  # one call for all problems' samples
+            task,
+            [c.text for group in groups for c in group],
+            [records[i] for group, i in zip(groups, mine) for _ in group],
+            workers=workers,
+            timeout=timeout,
+        )
+        values[4] += failed
+        correct, at = [], 0
+        for group in groups:
+            correct.append(sum(r == 1.0 for r in flat[at : at + len(group)]))
+            at += len(group)
         values += [sum(pass_at_k(n_samples, c, k) for c in correct) for k in ks]
     totals = all_reduce_sum(values, device)
     n = totals[2]
@@ -86,8 +104,9 @@ def evaluate(
         "eval/reward_mean": totals[1] / n,
         "eval/completion_len": totals[3] / n,
         "eval/n": int(n),
+        "eval/reward_failures": int(totals[4]),
     }
-    row.update({f"eval/pass@{k}": v / n for k, v in zip(ks, totals[4:])})
+    row.update({f"eval/pass@{k}": v / n for k, v in zip(ks, totals[5:])})
     return row
 
 
@@ -127,6 +146,8 @@ def main(cfg: DictConfig) -> dict:
         world=world,
         device=device,
         seed=cfg.seed,
+        workers=cfg.reward.workers,
+        timeout=cfg.reward.timeout_s,
     )
     row = {"model": path or cfg.model.name, "task": cfg.task.name, "sampler": sampler.name, **row}
     if distributed.is_main():

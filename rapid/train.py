@@ -46,6 +46,8 @@ from rapid import adaptive_h, checkpoint, distributed, estimators
 from rapid.buffer import ReplayBuffer, Rollout, keep_informative_groups
 from rapid.config import (
     ConfigError,
+    check_known_keys,
+    check_new_run_dir,
     exit_on_config_error,
     register_resolvers,
     resolve_dtype,
@@ -61,6 +63,7 @@ from rapid.logger import MetricsLogger, write_run_files
 from rapid.losses import overlong_penalty
 from rapid.mismatch import scale_gradient, truncated_is_factors
 from rapid.models import load_model_and_tokenizer
+from rapid.nonfinite import StepGuard
 from rapid.policy import (
     CompletionLogprobs,
     accumulate_gradients,
@@ -214,7 +217,11 @@ def train(cfg: DictConfig) -> dict:
         if ignored:
             print0(f"resume continues with the run's saved config; ignoring {' '.join(ignored)}")
         cfg = checkpoint.load_config(resume_from)  # the run continues with the config it started with
+    else:  # a new run: every key known (rapid/config.py)
+        check_known_keys(cfg)
     rank, world, device = distributed.init(cfg.device)
+    if resume_from is None and distributed.is_main():
+        check_new_run_dir(run_dir)  # never appends to an earlier run's files
     validate(cfg, world)
     a, t, o = cfg.algorithm, cfg.task, cfg.optim
     compute_dtype = resolve_dtype(cfg.model.dtype, device)
@@ -276,6 +283,7 @@ def train(cfg: DictConfig) -> dict:
         )
 
     skip_groups = skipped_groups(cfg)  # groups whose advantages are all 0 are not run
+    guard = StepGuard(o.max_nonfinite_steps, device)  # non-finite loss or gradient: step skipped
 
     def loss_fn(token_logp, batch, n_records, n_tokens):
         mask = batch.completion_mask
@@ -366,6 +374,8 @@ def train(cfg: DictConfig) -> dict:
             device=device,
             seed=derive_seed(cfg.seed, EVAL_STREAM) % 2**31,
             outcomes=correct,
+            workers=cfg.reward.workers,
+            timeout=cfg.reward.timeout_s,
         )
         row = {"round": round_, **row, "time/eval_s": time.perf_counter() - t0}
         if log:
@@ -458,7 +468,8 @@ def train(cfg: DictConfig) -> dict:
                     break
                 stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip).item()
                 stats["lr"] = scheduler.get_last_lr()[0]
-                optimizer.step()
+                if guard.ok(stats["loss"], stats["grad_norm"], step=scheduler.last_epoch):  # else skipped
+                    optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 steps.append(stats)
@@ -476,6 +487,7 @@ def train(cfg: DictConfig) -> dict:
             "samples": samples_done,
             "epoch": stream.epoch + stream.pos / len(train_records),
             **round_metrics(rollouts, steps, failed, mismatch, world, device),
+            "train/nonfinite_steps": guard.take_count(),
             **timing_metrics(clock.row(), round_s, sum(len(r.completion_ids) for r in rollouts) * world),
             "wall_s": time.perf_counter() - t_start,
         }

@@ -3,8 +3,10 @@ from the entry points, before the run writes anything), and damaged run files ar
 truncated latest checkpoint is passed over for the one before it, a torn last metrics line dropped."""
 
 import json
+import os
 import subprocess
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -17,9 +19,11 @@ from safetensors.torch import save_file
 from rapid import checkpoint
 from rapid.config import ConfigError, register_resolvers, validate
 from rapid.logger import MetricsLogger
-from rapid.tasks import gsm8k, mbpp_plus
+from rapid.tasks import gsm8k, load_splits, mbpp_plus
 from rapid.tasks import math as math_task
 from rapid.tasks.datasets import read_jsonl
+from tests.helpers import tiny_model
+from tests.test_train import assert_one_sentence_error, command, env_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,7 +81,7 @@ def test_entry_point_exits_2_before_writing_the_run(tmp_path):
     assert "Traceback" not in out and [line for line in out.splitlines() if line.startswith("rapid:")] == [
         "rapid: algorithm.eta='abc' must be a number >= 1 (or null: no truncation)"
     ]
-    assert not any((run / name).exists() for name in ("config.yaml", "meta.json", "metrics.jsonl", "split.json"))
+    assert not run.exists()  # not even Hydra's .hydra/ and train.log: the directory is gone
 
 
 @pytest.mark.parametrize(
@@ -150,3 +154,91 @@ def test_torn_last_metrics_line_is_dropped_on_resume(tmp_path, capsys):
     logger = MetricsLogger(tmp_path, resume_round=2)
     assert logger.rows() == rows[:2]
     assert "dropping a damaged line" in capsys.readouterr().out
+
+
+EMPTY_TRAIN_TASK = """
+from rapid.tasks.arithmetic import build_prompts, reward
+
+def load(split, **cfg):
+    return [] if split == "train" else [{"question": "What is 1 + 1?", "answer": "2"}]
+"""
+
+
+def mbpp_file(path: Path, n: int) -> Path:
+    record = {"entry_point": "f", "canonical_solution": "def f(x):\n    return x\n", "prompt": "Return x."}
+    rows = [{**record, "task_id": f"Mbpp/{i}", "base_input": [[i]], "plus_input": []} for i in range(1, n + 1)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_bad_starts_are_one_sentence_before_any_engine_or_run_directory(tmp_path):
+    """Each is refused with exit status 2 and one `rapid:` sentence, no traceback, and leaves no run
+    directory (Hydra's .hydra/ and train.log included); an earlier run's directory is left as it was."""
+    (tmp_path / "empty_train_task.py").write_text(EMPTY_TRAIN_TASK)
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "metrics.jsonl").write_text('{"round": 1, "train/loss": 0.5}\n')
+    (earlier / "config.yaml").write_text("seed: 0\n")
+    before = {p.name: p.read_bytes() for p in earlier.iterdir()}
+    smoke = ["+experiment=smoke"]
+    cases = {
+        "unknown key": (smoke + ["+algorithm.etaa=2"], ("unknown config key algorithm.etaa", "algorithm.eta?")),
+        "misspelt key": (smoke + ["++optim.lrr=1e-5"], ("unknown config key optim.lrr", "optim.lr?")),
+        "empty training split": (
+            smoke + ["task.module=empty_train_task", "task.name=empty"],
+            ("task empty's training split holds no records",),
+        ),
+        "empty training split of a file": (
+            smoke
+            + ["task=mbpp_plus", f"task.data_path={mbpp_file(tmp_path / 'two.jsonl', 2)}", "task.n_eval=2"]
+            + ["task.sandbox=process", "task.max_new_tokens=8"],
+            ("task mbpp_plus's training split holds no records", "task.n_eval"),
+        ),
+        "rerun into a run directory": (smoke, ("already holds a run", f"resume={earlier}")),
+    }
+    env = env_for(tmp_path, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
+    procs = {}
+    for name, (args, _) in cases.items():
+        run = earlier if name.startswith("rerun") else tmp_path / name.replace(" ", "_")
+        procs[name] = (
+            run,
+            subprocess.Popen(
+                command([*args, f"hydra.run.dir={run}"], tmp_path),
+                cwd=REPO,
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            ),
+        )
+    for name, (run, proc) in procs.items():
+        out = proc.communicate(timeout=300)[0]
+        assert proc.returncode == 2, f"{name}: exit status {proc.returncode}\n{out[-3000:]}"
+        assert_one_sentence_error(proc.returncode, out, cases[name][1])
+        if run == earlier:
+            assert {p.name: p.read_bytes() for p in earlier.iterdir()} == before, name  # nothing appended or added
+        else:
+            assert not run.exists(), f"{name}: {sorted(p.name for p in run.rglob('*'))}"
+
+
+def test_one_file_serving_both_splits_is_warned_about(tmp_path):
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i} + 1?", "answer": f"#### {i + 1}"}) + "\n" for i in range(5)))
+    _, tokenizer = tiny_model()
+    task_cfg = OmegaConf.create({"name": "gsm8k", "module": None, "data_path": str(data), "use_chat_template": False})
+    with pytest.warns(UserWarning, match=r"^3 of the 3 held-out problems of task gsm8k are also training problems"):
+        load_splits(task_cfg, tokenizer, n_eval=3)
+    folder = tmp_path / "separate" / "gsm8k"
+    folder.mkdir(parents=True)
+    (folder / "train.jsonl").write_text(data.read_text())
+    (folder / "test.jsonl").write_text(json.dumps({"question": "9 + 1?", "answer": "#### 10"}) + "\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # disjoint splits: no warning
+        load_splits(OmegaConf.merge(task_cfg, {"data_path": str(folder.parent)}), tokenizer)
+
+
+def test_a_group_of_one_is_warned_about(smoke):
+    cfg = smoke.copy()
+    OmegaConf.update(cfg, "algorithm.n_group", 1)
+    with pytest.warns(UserWarning, match=r"^algorithm.n_group=1 gives every prompt a group of one completion"):
+        validate(cfg, 1)

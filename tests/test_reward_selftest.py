@@ -84,3 +84,23 @@ def test_real_datasets_pass_with_their_references(name, path):
     task = get_task(name)
     records = task.load("train", data_path=str(DATA / path))
     assert self_test(task, records, 4).startswith("reward self-test passed: 4")
+
+
+RAISING_TASK = """
+from rapid.tasks.arithmetic import reference
+
+def reward(completion, record):
+    return record["no_such_field"]      # a grader written for another record format
+"""
+
+
+def test_a_grader_that_raises_on_everything_is_named_with_its_error(tmp_path, monkeypatch):
+    (tmp_path / "raises_always.py").write_text(RAISING_TASK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import raises_always
+
+    with (
+        pytest.warns(RuntimeWarning, match="every one of the 4 reward checks of task raises_always failed"),
+        pytest.raises(RewardSelfTestError, match=r"scored 0.0 \(its check raised KeyError: 'no_such_field'\)"),
+    ):
+        self_test(raises_always, RECORDS, 2)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from rapid.config import ConfigError
+from rapid.config import ConfigError, check_splits
 
 TASKS = ("arithmetic", "multistep", "math", "gsm8k", "mbpp_plus", "minif2f")
 TASK_FUNCTIONS = ("load", "build_prompts", "reward")
@@ -75,10 +75,12 @@ def record_id(record: dict) -> str:
 
 def load_splits(task_cfg, tokenizer, n_eval: int | None = None):
     """(task module, train records, train prompts, eval records, eval prompts) for a `task` config;
-    the eval split is cut to its first `n_eval` records."""
+    the eval split is cut to its first `n_eval` records. An empty split is one ConfigError sentence;
+    held-out records that are also training records are warned about."""
     task = get_task(task_cfg.name, task_cfg.module)
     train_records = task.load("train", **task_cfg)
     eval_records = task.load("test", **task_cfg)[:n_eval]
+    check_splits(task_cfg.name, train_records, eval_records)  # neither empty; a warning if they overlap
     return (
         task,
         train_records,
