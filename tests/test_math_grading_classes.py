@@ -43,6 +43,11 @@ def test_a_hedge_between_candidates_never_scores():
         ("\\text{C or D}", "C", 0.0),
         ("\\text{Sunday or Monday}", "\\text{Sunday}", 0.0),
         ("(2,3) \\text{ or } (3,2)", "(2,3)", 0.0),
+        ("5\\hspace{1em}6", "5", 0.0),
+        ("5 \\\\ 6", "6", 0.0),  # a line break
+        ("5?", "5", 0.0),
+        ("x \\approx 5", "5", 0.0),  # a relation other than equality
+        ("x \\to 5", "5", 0.0),
         # the gold's own alternatives are a list of values, not a hedge
         ("-12, -2", "-2 \\text{ or } -12", ALL, 1.0),
         ("3", "3", ONE, 1.0),
@@ -115,12 +120,17 @@ def test_a_rounded_decimal_is_not_the_exact_gold():
         ("0.142857", "\\frac17", 0.0),
         ("(0.333333, 1)", "\\left(\\frac13, 1\\right)", 0.0),
         ("\\sqrt{2} + 10^{-20}", "\\sqrt{2}", 0.0),
+        ("\\sqrt{2} + 10^{-100}", "\\sqrt{2}", 0.0),  # below any working precision
+        ("\\pi + \\frac{1}{10^{70}}", "\\pi", 0.0),
+        ("\\left(\\sqrt{3} + 10^{-90}, 1\\right)", "(\\sqrt{3}, 1)", 0.0),
         # a decimal that is the exact value scores
         ("0.5", "\\frac12", 1.0),
         ("2.50", "\\frac52", 1.0),
         ("(0.5, 1)", "\\left(\\frac12, 1\\right)", 1.0),
         ("0.25\\sqrt{2}", "\\frac{\\sqrt{2}}{4}", 1.0),
         ("8.24", "\\approx 8.24 \\text{ mph}", 1.0),
+        ("\\sqrt{3 + 2\\sqrt{2}}", "1 + \\sqrt{2}", 1.0),  # equal, though not the same spelling
+        ("\\cos \\frac{\\pi}{12}", "\\frac{\\sqrt{6} + \\sqrt{2}}{4}", 1.0),
     ]
     assert scores(cases) == []
 

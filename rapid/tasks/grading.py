@@ -91,7 +91,8 @@ def boxed_number_reward(completion: str, answer: str) -> float:
 # Its address space is limited (RLIMIT_AS, `memory_limit_bytes`): a power like 10^{10^{10}} raises
 # MemoryError there (a verdict of "not equal") instead of taking the machine's memory. Numbers are
 # compared to 60 digits, not math-verify's default of rounding floats to 6 places (the MATH task
-# passes decimals as exact fractions anyway).
+# passes decimals as exact fractions anyway), and a match that math-verify finds numerically is
+# confirmed by sympy's `equals` (a difference of 10^-100 is not 0).
 _SYMBOLIC_SERVER = r"""
 import json, logging, os, resource, sys
 limit = int(sys.argv[2])
@@ -106,14 +107,27 @@ if os.getppid() != int(sys.argv[1]):                        # the parent died be
     sys.exit(0)
 logging.disable(logging.CRITICAL)
 from math_verify import parse, verify
+from sympy import Expr, MatrixBase, Tuple
+
+
+def exact(gold, pred):
+    # math-verify accepts two values whose difference evaluates to 0 at its working precision, so
+    # sqrt(2) + 10^-100 passes for sqrt(2); sympy's `equals` tells such a difference from a true 0
+    if isinstance(gold, Tuple) and isinstance(pred, Tuple) or isinstance(gold, MatrixBase) and isinstance(pred, MatrixBase):
+        g, p = list(gold), list(pred)
+        return len(g) == len(p) and all(exact(a, b) for a, b in zip(g, p))
+    if isinstance(gold, Expr) and isinstance(pred, Expr):
+        return (gold - pred).equals(0) is not False
+    return True
+
+
 sys.stdout.write("ready\n"); sys.stdout.flush()
 for line in sys.stdin:
     gold, pred = json.loads(line)
     try:
-        ok = verify(
-            parse(gold, parsing_timeout=None), parse(pred, parsing_timeout=None),
-            float_rounding=60, numeric_precision=60, timeout_seconds=None,
-        )
+        gold, pred = parse(gold, parsing_timeout=None), parse(pred, parsing_timeout=None)
+        ok = verify(gold, pred, float_rounding=60, numeric_precision=60, timeout_seconds=None)
+        ok = ok and (not gold or not pred or exact(gold[0], pred[0]))
     except (Exception, MemoryError, RecursionError):
         ok = False
     sys.stdout.write("1\n" if ok else "0\n"); sys.stdout.flush()

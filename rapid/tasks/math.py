@@ -133,7 +133,8 @@ def is_equiv(pred: str, gold: str, timeout_s: float = 5.0, problem: str = "") ->
 # --- rule 2: one answer or several ------------------------------------------------------------------
 _GROUPED = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")  # the whole answer is one grouped number
 _JOINERS = re.compile(r"\b(?:or|and|either|both)\b|\\(?:lor|vee|land|wedge)(?![a-zA-Z])")
-_QUALIFIERS = re.compile(r"\b(?:maybe|perhaps|possibly|probably|otherwise|else|if|unless)\b")  # a value of its own
+_QUALIFIERS = re.compile(r"\b(?:maybe|perhaps|possibly|probably|otherwise|else|if|unless)\b|\?")  # a value of its own
+_LINE_BREAKS = re.compile(r"\\\\|\\(?:newline|cr)(?![a-zA-Z])")
 _JUXTAPOSED = re.compile(r"(?<=\d) +(?=\d)")  # "5 6": two numbers, never 56 or 30
 _UNORDERED = re.compile(
     r"\ball\b|\broots\b|\bsolutions\b|\bzeros\b|possible values|\blist\b|comma|any order|either order", re.I
@@ -160,6 +161,8 @@ def split_items(s: str, grouped: bool = True) -> list[str] | None:
     (`1,234,567`) is one value. None if there are more than MAX_ITEMS."""
     if grouped and _GROUPED.fullmatch(s):
         return [s.replace(",", "")]
+    if "\\begin" not in s:  # outside a matrix or cases, a line break separates values
+        s = _LINE_BREAKS.sub(";", s)
     s = _JUXTAPOSED.sub(",", _JOINERS.sub(",", _QUALIFIERS.sub(",?,", s)))
     items, depth, start = [], 0, 0
     for i, c in enumerate(s):
@@ -213,6 +216,10 @@ def _top_level_split(s: str, sep: str) -> list[str]:
 _CHOICE = re.compile(r"\(?([A-Z])\)?")
 _WORDS = re.compile(r"[A-Za-z][A-Za-z' ]*[A-Za-z]")
 _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
+_RELATIONS = re.compile(
+    r"\\(?:to|gets|[lL]eftarrow|[rR]ightarrow|[lL]eftrightarrow|longrightarrow|implies|iff|mapsto|approx|sim|simeq"
+    r"|cong|equiv|neq?|pmod|bmod|mod|mid|propto)(?![a-zA-Z])"
+)
 _GREEK = r"\\(?:alpha|beta|gamma|delta|theta|phi|lambda|mu|omega|rho|sigma|tau)"
 _NAME = re.compile(
     rf"(?:[A-Za-z]|{_GREEK})(?:_\{{?\w+\}}?)?'*(?:\([^()=]*\))?|[A-Z]{{2,3}}|\\angle ?[A-Z]{{1,3}}|m\\angle ?[A-Z]{{1,3}}"
@@ -230,6 +237,8 @@ def _item_equal(p: str, g: str, timeout_s: float) -> bool:
         return bool(_WORDS.fullmatch(p)) and " ".join(p.lower().split()) == " ".join(g.lower().split())
     if not {w.lower() for w in _WORD.findall(p)} <= {w.lower() for w in _WORD.findall(g)}:
         return False  # words the gold does not use (a hedge, a remark) are not part of a value
+    if not set(_RELATIONS.findall(p)) <= set(_RELATIONS.findall(g)):
+        return False  # x \approx 5, x \to 5, 5 \pmod 7: not the statement that the answer is 5
     g_sides, p_sides = _sides(g), _sides(p)
     if len(g_sides) > 2 or len(p_sides) > 4:
         return False
@@ -346,7 +355,8 @@ def normalize(answer: str) -> str:
     s = s.replace("\\!", "")
     s = re.sub(r"\\[dt]frac", r"\\frac", s)
     s = re.sub(r"\\(left|right)(?![a-zA-Z])", "", s).replace("\\displaystyle", "")
-    s = re.sub(r"(?<!\\)\\(,|;|:| |quad|qquad)(?![a-zA-Z])", " ", s)  # spacing commands
+    s = re.sub(r"\\hspace\*?\{[^{}]*\}", " ", s)
+    s = re.sub(r"(?<!\\)\\(,|;|:| |quad|qquad|[a-z]*space|hfill)(?![a-zA-Z])", " ", s)  # spacing commands
     s = re.sub(r"\^(?:\s*\{)?\s*\\circ\s*\}?", "", s).replace("\\circ", "")  # degrees (linear: one \s* run)
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
     s = re.sub(r"\A\s*\\approx", "", s)
