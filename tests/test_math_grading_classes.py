@@ -48,6 +48,12 @@ def test_a_hedge_between_candidates_never_scores():
         ("5?", "5", 0.0),
         ("x \\approx 5", "5", 0.0),  # a relation other than equality
         ("x \\to 5", "5", 0.0),
+        ("\\ge 5", "5", 0.0),
+        ("3 \\ldots", "3", 0.0),
+        ("\\sout{6} 5", "5", 0.0),  # markup that hides a second value
+        ("5 \\tag{6}", "5", 0.0),
+        ("\\hbox{6} 5", "5", 0.0),
+        ("\\textcolor{white}{6} 5", "5", 0.0),
         # the gold's own alternatives are a list of values, not a hedge
         ("-12, -2", "-2 \\text{ or } -12", ALL, 1.0),
         ("3", "3", ONE, 1.0),
@@ -146,6 +152,11 @@ def test_choices_and_words_compare_as_text():
         ("C", "\\text{(C)}", 1.0),
         ("\\textbf{(C)}", "C", 1.0),
         ("\\text{CBAD}", "\\text{CBAD}", 1.0),
+        ("12_3", "12", 0.0),  # a numeral in base 3 is five
+        ("12_{3}", "5", 0.0),
+        ("11", "1011_2", 0.0),  # the base asked for
+        ("1011_{2}", "1011_2", 1.0),
+        ("\\text{A5}_{11}", "\\text{A5}_{11}", 1.0),
     ]
     assert scores(cases) == []
 
@@ -177,6 +188,9 @@ def test_choices_and_words_compare_as_text():
         ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})"),
         ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"),
         ("[-2, 7]", "x \\in [-2,7]"),
+        ("\\mathbf{5}", "5"),
+        ("\\{7, 5, 4\\}", "\\{4,5,7\\}"),
+        ("4, 5, 7", "\\{4,5,7\\}"),
     ],
 )
 def test_correct_answers_in_unusual_forms_score(pred, gold):

@@ -26,16 +26,23 @@ stricter rule is taken as long as every reference solution of MATH still scores 
    `(C) or (D)`) where one value is asked scores 0. Several values are matched one to one: in any
    order when the problem asks for all solutions, roots, zeros, possible values or a list (and names
    no order such as "in increasing order"); in the gold's order otherwise. Tuples, intervals,
-   sets and matrices are one value (rule 7 keeps their brackets and order).
+   sets and matrices are one value (rule 7 keeps their brackets and order); a gold set `\\{4,5,7\\}`
+   takes the list `4, 5, 7`, and unordered gold values take a set. `\\ldots`, `?`, `maybe`, `if`
+   count as a value of their own (which no gold has), and so does anything after a line break.
 3. Numbers are exact. Integers, decimals, fractions, mixed numbers (`2\\frac{1}{2}` = 5/2) and integer
    powers (`2^{10}` = 1024) compare as exact rationals; a decimal is the fraction it spells, so
    `0.333333` is not 1/3, `0.000000` is not 10^{-7} and `1.414214` is not sqrt(2) (math-verify's
-   rounding to 6 places is off). `1,234` is one number when the gold is one value; `1, 234`
-   (comma and space) is two. A gold written `70,110` is two values when the problem asks for
-   answers separated by commas, else one number.
+   rounding to 6 places is off; a match math-verify finds only numerically, such as sqrt(2) +
+   10^{-100}, is confirmed by sympy's `equals`). A numeral with a base (`1011_2`) equals only
+   the same digits in the same base (`12_3` is not 12). `1,234` is one number when the gold is one
+   value; `1, 234` (comma and space) is two. A gold written `70,110` is two values when the
+   problem asks for answers separated by commas, else one number.
 4. Words are words. A choice (`(C)`, `\\text{C}`, `C`) equals exactly one choice letter; an answer in
    words (`\\text{Evelyn}`, `\\text{CBAD}`) compares as text, case aside (never as a product of
-   symbols, where `yadnuS` would equal `Sunday`); a value may not carry words the gold lacks.
+   symbols, where `yadnuS` would equal `Sunday`); a value may not carry words the gold lacks, nor a
+   relation (`\\approx`, `\\ge`, `\\to`, `<`, `\\pmod`), nor a LaTeX command outside a vocabulary of
+   mathematical ones (`_VOCABULARY`) that the gold does not use: markup math-verify skips, such
+   as `\\sout{6} 5`, `\\tag{6}` or `\\hbox{6}`, can hide a second value.
 5. Equations. (a) Against a gold `x = 5` (a name: a letter, `y_1`, `AB`, `f(2)`, `\\angle A`), an
    answer `5` or `x = 5` scores, `y = 5` does not. (b) Against a gold value `5`, `n = 5` scores (a
    name and the value), and a chain `2^{10} = 1024` scores only when every side equals the gold:
@@ -113,13 +120,20 @@ def is_equiv(pred: str, gold: str, timeout_s: float = 5.0, problem: str = "") ->
         return False
     if _compact(p) == _compact(g):
         return True
+    if not set(_COMMAND.findall(p)) <= _VOCABULARY | set(_COMMAND.findall(g)):
+        return False  # markup a grader cannot read (\sout{6} 5, \tag{6}, \color) may hide a value
     golds, grouped = _gold_items(g, problem)
     preds = split_items(p, grouped)
+    unordered = bool(_UNORDERED.search(problem)) and not _ORDERED.search(problem)
+    if golds and preds and len(golds) == 1 and len(preds) > 1 and _SET.fullmatch(golds[0]):
+        preds = [f"\\{{{', '.join(preds)}\\}}"]  # 4, 5, 7 for the set {4, 5, 7}
+    elif golds and preds and len(golds) > 1 and len(preds) == 1 and unordered and (inner := _SET.fullmatch(preds[0])):
+        preds = split_items(inner.group(1), grouped=False)  # the set {1, 2} for all solutions 1, 2
     if not golds or not preds or len(preds) != len(golds):
         return False
     if len(golds) == 1:
         return _item_equal(preds[0], golds[0], timeout_s)
-    if not _UNORDERED.search(problem) or _ORDERED.search(problem):
+    if not unordered:
         return all(_item_equal(a, b, timeout_s) for a, b in zip(preds, golds))
     unmatched = list(preds)  # a multiset match; item equality is an equivalence, so greedy is exact
     for item in golds:
@@ -133,7 +147,19 @@ def is_equiv(pred: str, gold: str, timeout_s: float = 5.0, problem: str = "") ->
 # --- rule 2: one answer or several ------------------------------------------------------------------
 _GROUPED = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")  # the whole answer is one grouped number
 _JOINERS = re.compile(r"\b(?:or|and|either|both)\b|\\(?:lor|vee|land|wedge)(?![a-zA-Z])")
-_QUALIFIERS = re.compile(r"\b(?:maybe|perhaps|possibly|probably|otherwise|else|if|unless)\b|\?")  # a value of its own
+_QUALIFIERS = re.compile(  # each stands for a value of its own, which no gold has
+    r"\b(?:maybe|perhaps|possibly|probably|otherwise|else|if|unless)\b|\?|\\(?:[lc]?dots|dotsc)(?![a-zA-Z])"
+)
+_SET = re.compile(r"\\\{(.*)\\\}")
+_COMMAND = re.compile(r"\\([a-zA-Z]+)")
+_VOCABULARY = frozenset(  # LaTeX commands an answer may use (besides the gold's own; `normalize` unwrapped \text)
+    "frac cfrac sqrt pi circ begin end infty cup cap setminus emptyset varnothing in notin subset subseteq "
+    "cos sin tan sec csc cot arcsin arccos arctan sinh cosh tanh log ln lg exp max min gcd lcm deg "
+    "lfloor rfloor lceil rceil vert lvert rvert mid binom dbinom tbinom choose cdot times div pm mp "
+    "le leq ge geq lt gt neq ne approx triangle angle overline hat vec prime mathbb operatorname i "
+    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi rho sigma "
+    "tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Phi Psi Omega".split()
+)
 _LINE_BREAKS = re.compile(r"\\\\|\\(?:newline|cr)(?![a-zA-Z])")
 _JUXTAPOSED = re.compile(r"(?<=\d) +(?=\d)")  # "5 6": two numbers, never 56 or 30
 _UNORDERED = re.compile(
@@ -218,8 +244,9 @@ _WORDS = re.compile(r"[A-Za-z][A-Za-z' ]*[A-Za-z]")
 _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
 _RELATIONS = re.compile(
     r"\\(?:to|gets|[lL]eftarrow|[rR]ightarrow|[lL]eftrightarrow|longrightarrow|implies|iff|mapsto|approx|sim|simeq"
-    r"|cong|equiv|neq?|pmod|bmod|mod|mid|propto)(?![a-zA-Z])"
+    r"|cong|equiv|neq?|pmod|bmod|mod|mid|propto|leq?|geq?|lt|gt|leqslant|geqslant)(?![a-zA-Z])|[<>]"
 )
+_NUMERAL = re.compile(r"([0-9A-Z]+)_\{?(\d+)\}?")  # 1011_2: a numeral in a base
 _GREEK = r"\\(?:alpha|beta|gamma|delta|theta|phi|lambda|mu|omega|rho|sigma|tau)"
 _NAME = re.compile(
     rf"(?:[A-Za-z]|{_GREEK})(?:_\{{?\w+\}}?)?'*(?:\([^()=]*\))?|[A-Z]{{2,3}}|\\angle ?[A-Z]{{1,3}}|m\\angle ?[A-Z]{{1,3}}"
@@ -229,6 +256,9 @@ _NAME = re.compile(
 def _item_equal(p: str, g: str, timeout_s: float) -> bool:
     if _compact(p) == _compact(g):
         return True
+    numerals = [_NUMERAL.fullmatch(x) for x in (p, g)]
+    if any(numerals):  # rule 3: 12_3 is five, not 12; digits and base must both agree
+        return all(numerals) and len({(m.group(1).lstrip("0"), int(m.group(2))) for m in numerals}) == 1
     choice = _CHOICE.fullmatch(g)
     if choice:  # rule 6: a choice is one letter
         picked = _CHOICE.fullmatch(p)
@@ -362,7 +392,12 @@ def normalize(answer: str) -> str:
     s = re.sub(r"\A\s*\\approx", "", s)
     for _ in range(2):  # units: \text{ cm} at the end (words only: not \text{ or 6})
         s = _UNIT_TEXT.sub("", s)
-    s = re.sub(r"\\(?:text|textbf|textrm|mbox|mathrm)\{([^{}]*)\}", r"\1", s)  # other \text{...} wrappers
+    s = re.sub(  # other \text{...} and font wrappers
+        r"\\(?:text|textbf|textrm|textit|textnormal|mbox|mathrm|mathbf|mathit|mathsf|boldsymbol|bm)\{([^{}]*)\}",
+        r"\1",
+        s,
+    )
+    s = re.sub(r"\\(?:bf|rm|it)(?![a-zA-Z]) ?", "", s)
     s = _UNIT_WORDS.sub("", s)  # 5 cm, 3 square feet
     s = re.sub(r"\s+", " ", s).strip().rstrip(".").strip()
     s = re.sub(r"\\frac ?(\d) ?(\d)", r"\\frac{\1}{\2}", s)  # \frac12, \frac 3 8
