@@ -143,8 +143,8 @@ def test_a_rounded_decimal_is_not_the_exact_gold():
 
 def test_choices_and_words_compare_as_text():
     cases = [
-        ("\\text{yadnuS}", "\\text{Sunday}", 0.0),  # as a product of symbols these are equal
-        ("\\text{ABDC}", "\\text{CBAD}", 0.0),
+        ("\\text{ABDC}", "\\text{CBAD}", 0.0),  # as a product of symbols these are equal
+        ("\\text{yadnuS}", "\\text{Sunday}", 0.0),
         ("\\text{odd}", "\\text{even}", 0.0),
         ("\\text{(D)}", "\\text{(C)}", 0.0),
         ("c", "\\text{(C)}", 0.0),
@@ -189,6 +189,7 @@ def test_choices_and_words_compare_as_text():
         ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"),
         ("[-2, 7]", "x \\in [-2,7]"),
         ("\\mathbf{5}", "5"),
+        ("\\log_2 8", "3"),
         ("\\{7, 5, 4\\}", "\\{4,5,7\\}"),
         ("4, 5, 7", "\\{4,5,7\\}"),
     ],

@@ -134,7 +134,7 @@ for line in sys.stdin:
 """
 
 
-MEMORY_LIMIT_BYTES = 2 << 30  # the checker's address space; it needs ~0.4 GiB after importing sympy
+MEMORY_LIMIT_BYTES = 2 << 30  # the checker's address space (it peaked at ~70 MB over the answer table)
 
 
 class SymbolicChecker:

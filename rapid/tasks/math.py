@@ -39,7 +39,7 @@ stricter rule is taken as long as every reference solution of MATH still scores 
    problem asks for answers separated by commas, else one number.
 4. Words are words. A choice (`(C)`, `\\text{C}`, `C`) equals exactly one choice letter; an answer in
    words (`\\text{Evelyn}`, `\\text{CBAD}`) compares as text, case aside (never as a product of
-   symbols, where `yadnuS` would equal `Sunday`); a value may not carry words the gold lacks, nor a
+   symbols, where `ABDC` would equal `CBAD`); a value may not carry words the gold lacks, nor a
    relation (`\\approx`, `\\ge`, `\\to`, `<`, `\\pmod`), nor a LaTeX command outside a vocabulary of
    mathematical ones (`_VOCABULARY`) that the gold does not use: markup math-verify skips, such
    as `\\sout{6} 5`, `\\tag{6}` or `\\hbox{6}`, can hide a second value.
@@ -404,6 +404,7 @@ def normalize(answer: str) -> str:
     s = re.sub(r"\\frac ?(\d) ?\{", r"\\frac{\1}{", s)
     s = re.sub(r"\\frac\{([^{}]*)\} ?(\d)", r"\\frac{\1}{\2}", s)
     s = re.sub(r"\\sqrt ?(\d|[a-zA-Z](?![a-zA-Z]))", r"\\sqrt{\1}", s)  # \sqrt2
+    s = re.sub(r"\\log_ ?(\d+) ?", r"\\log_{\1}", s)  # \log_2 8: one value, not 2 and 8
     s = re.sub(r"(?<![\d}])\.(\d)", r"0.\1", s)  # .5
     return s
 
