@@ -47,6 +47,7 @@ def test_a_hedge_between_candidates_never_scores():
         ("5 \\\\ 6", "6", 0.0),  # a line break
         ("5?", "5", 0.0),
         ("x \\approx 5", "5", 0.0),  # a relation other than equality
+        ("\\approx 5", "5", 0.0),
         ("x \\to 5", "5", 0.0),
         ("\\ge 5", "5", 0.0),
         ("3 \\ldots", "3", 0.0),
@@ -135,6 +136,9 @@ def test_a_rounded_decimal_is_not_the_exact_gold():
         ("(0.5, 1)", "\\left(\\frac12, 1\\right)", 1.0),
         ("0.25\\sqrt{2}", "\\frac{\\sqrt{2}}{4}", 1.0),
         ("8.24", "\\approx 8.24 \\text{ mph}", 1.0),
+        ("0.67", "\\$\\dfrac23 \\approx \\$0.67", 1.0),
+        ("\\frac{2}{3}", "\\$\\dfrac23 \\approx \\$0.67", 1.0),
+        ("0.66", "\\$\\dfrac23 \\approx \\$0.67", 0.0),
         ("\\sqrt{3 + 2\\sqrt{2}}", "1 + \\sqrt{2}", 1.0),  # equal, though not the same spelling
         ("\\cos \\frac{\\pi}{12}", "\\frac{\\sqrt{6} + \\sqrt{2}}{4}", 1.0),
     ]

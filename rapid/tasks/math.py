@@ -17,7 +17,7 @@ stricter rule is taken as long as every reference solution of MATH still scores 
    and counted by `rapid.rewards.score`) and an address-space limit.
 1. Presentation is ignored (`normalize`): `\\text{}` wrappers, units at the end (`5 \\text{ cm}`, `3
    square feet`, but not `\\text{ or 6}`), `\\%`, `\\$`, `^\\circ`, `\\dfrac`/`\\tfrac`, `\\left`/`\\right`,
-   spacing commands, a unicode minus, a leading `\\approx`, `\\frac12`/`\\sqrt2` shorthands, and
+   spacing commands, a unicode minus, `\\frac12`/`\\sqrt2` shorthands, and
    thousands marks that cannot mean a list (`1{,}000`, `10,\\!080`, `10\\,000`).
 2. One value or several. An answer is split into values at commas and semicolons outside brackets,
    at words that join alternatives (`or`, `and`, `either`, `maybe`, `\\lor`, ...), between
@@ -40,9 +40,10 @@ stricter rule is taken as long as every reference solution of MATH still scores 
 4. Words are words. A choice (`(C)`, `\\text{C}`, `C`) equals exactly one choice letter; an answer in
    words (`\\text{Evelyn}`, `\\text{CBAD}`) compares as text, case aside (never as a product of
    symbols, where `ABDC` would equal `CBAD`); a value may not carry words the gold lacks, nor a
-   relation (`\\approx`, `\\ge`, `\\to`, `<`, `\\pmod`), nor a LaTeX command outside a vocabulary of
-   mathematical ones (`_VOCABULARY`) that the gold does not use: markup math-verify skips, such
-   as `\\sout{6} 5`, `\\tag{6}` or `\\hbox{6}`, can hide a second value.
+   relation (`\\approx` unless the gold is approximate, `\\ge`, `\\to`, `<`, `\\pmod`), nor a
+   LaTeX command outside a vocabulary of mathematical ones (`_VOCABULARY`) that the gold does not
+   use: markup math-verify skips, such as `\\sout{6} 5`, `\\tag{6}` or `\\hbox{6}`, can hide a
+   second value.
 5. Equations. (a) Against a gold `x = 5` (a name: a letter, `y_1`, `AB`, `f(2)`, `\\angle A`), an
    answer `5` or `x = 5` scores, `y = 5` does not. (b) Against a gold value `5`, `n = 5` scores (a
    name and the value), and a chain `2^{10} = 1024` scores only when every side equals the gold:
@@ -256,6 +257,9 @@ _NAME = re.compile(
 def _item_equal(p: str, g: str, timeout_s: float) -> bool:
     if _compact(p) == _compact(g):
         return True
+    if "\\approx" in g:  # a gold `\approx 8.24` or `\frac23 \approx 0.67`: either side, approximated or not
+        p = p.removeprefix("\\approx").strip()
+        return any(_item_equal(p, side.strip(), timeout_s) for side in g.split("\\approx") if side.strip())
     numerals = [_NUMERAL.fullmatch(x) for x in (p, g)]
     if any(numerals):  # rule 3: 12_3 is five, not 12; digits and base must both agree
         return all(numerals) and len({(m.group(1).lstrip("0"), int(m.group(2))) for m in numerals}) == 1
@@ -389,7 +393,6 @@ def normalize(answer: str) -> str:
     s = re.sub(r"(?<!\\)\\(,|;|:| |quad|qquad|[a-z]*space|hfill)(?![a-zA-Z])", " ", s)  # spacing commands
     s = re.sub(r"\^(?:\s*\{)?\s*\\circ\s*\}?", "", s).replace("\\circ", "")  # degrees (linear: one \s* run)
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
-    s = re.sub(r"\A\s*\\approx", "", s)
     for _ in range(2):  # units: \text{ cm} at the end (words only: not \text{ or 6})
         s = _UNIT_TEXT.sub("", s)
     s = re.sub(  # other \text{...} and font wrappers
