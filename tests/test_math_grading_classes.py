@@ -55,6 +55,8 @@ def test_a_hedge_between_candidates_never_scores():
         ("5 \\tag{6}", "5", 0.0),
         ("\\hbox{6} 5", "5", 0.0),
         ("\\textcolor{white}{6} 5", "5", 0.0),
+        ("\\text{(A)}\\text{ B}", "\\text{(A)}", 0.0),  # a second choice where a unit would be
+        ("A \\text{ B}", "A", 0.0),
         # the gold's own alternatives are a list of values, not a hedge
         ("-12, -2", "-2 \\text{ or } -12", ALL, 1.0),
         ("3", "3", ONE, 1.0),
@@ -176,6 +178,8 @@ def test_choices_and_words_compare_as_text():
         ("864 \\text{ square inches}", "864"),
         ("5.4 \\text{ cents}", "5.4"),
         ("25 \\text{ km}", "25 \\, \\text{km}"),
+        ("18\\text{integers}", "18 \\text{ integers}"),
+        ("14 \\text{ right triangles} \\text{ total}", "14"),
         ("\u22125", "-5"),  # a unicode minus
         ("\u2212\\frac{1}{2}", "-\\frac12"),
         ("2^{10}", "1024"),  # a power written out

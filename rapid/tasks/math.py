@@ -376,7 +376,7 @@ _UNITS = (
     r"pounds?|ounces?|grams?|kg|g|liters?|gallons?|people|students|ways)"
 )
 _UNIT_TEXT = re.compile(  # \text{ square feet} at the end: words only, no time of day, nothing like \text{ or 6}
-    r"\\(?:text|mbox|mathrm)\{\s(?![^{}]*\b(?:[ap]\.m\.|or|and|maybe|perhaps|possibly|probably|if|else)(?![a-z]))"
+    r"\\(?:text|mbox|mathrm)\{\s?(?![^{}]*\b(?:[ap]\.m\.|or|and|maybe|perhaps|possibly|probably|if|else)(?![a-z]))"
     r"[A-Za-z. ]*\}\s*(?:\^\s*\{?[23]\}?)?\s*\Z"
 )
 _UNIT_WORDS = re.compile(rf"(?<=[\d}}])\s*(?:{_UNITS}\b\s*){{1,3}}(\^\s*\{{?[23]\}}?)?\.?\Z")
@@ -393,8 +393,15 @@ def normalize(answer: str) -> str:
     s = re.sub(r"(?<!\\)\\(,|;|:| |quad|qquad|[a-z]*space|hfill)(?![a-zA-Z])", " ", s)  # spacing commands
     s = re.sub(r"\^(?:\s*\{)?\s*\\circ\s*\}?", "", s).replace("\\circ", "")  # degrees (linear: one \s* run)
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
-    for _ in range(2):  # units: \text{ cm} at the end (words only: not \text{ or 6})
-        s = _UNIT_TEXT.sub("", s)
+    end = len(s)
+    for _ in range(3):  # units: \text{ cm} after a number (words only: not \text{ or 6}, not (A) \text{ B})
+        unit = _UNIT_TEXT.search(s, 0, end)
+        if unit is None:
+            break
+        end = len(s[: unit.start()].rstrip())
+        if re.search(r"\d[^A-Za-z]*\Z", s[:end]):
+            s = s[:end]
+            break
     s = re.sub(  # other \text{...} and font wrappers
         r"\\(?:text|textbf|textrm|textit|textnormal|mbox|mathrm|mathbf|mathit|mathsf|boldsymbol|bm)\{([^{}]*)\}",
         r"\1",
