@@ -15,10 +15,11 @@ stricter rule is taken as long as every reference solution of MATH still scores 
    below runs in time linear in its input; sympy gets at most MAX_SYMBOLIC_CHARS per value, in a
    child process with a time limit (`grading.timeout_s`; over it `GradingError` is raised, scored 0
    and counted by `rapid.rewards.score`) and an address-space limit.
-1. Presentation is ignored (`normalize`): `\\text{}` wrappers, units at the end (`5 \\text{ cm}`, `3
-   square feet`, but not `\\text{ or 6}`), `\\%`, `\\$`, `^\\circ`, `\\dfrac`/`\\tfrac`, `\\left`/`\\right`,
-   spacing commands, a unicode minus, `\\frac12`/`\\sqrt2` shorthands, and
-   thousands marks that cannot mean a list (`1{,}000`, `10,\\!080`, `10\\,000`).
+1. Presentation is ignored (`normalize`): `\\text{}` wrappers, units at the end after a number
+   (`5 \\text{ cm}`, `3 square feet`; not `\\text{ or 6}`, nor the `\\text{ B}` of `(A) \\text{ B}`),
+   `\\%`, `\\$`, `^\\circ`, `\\dfrac`/`\\tfrac`, `\\left`/`\\right`, spacing commands, a unicode minus,
+   `\\frac12`/`\\sqrt2` shorthands, and thousands marks that cannot mean a list (`1{,}000`,
+   `10,\\!080`, `10\\,000`).
 2. One value or several. An answer is split into values at commas and semicolons outside brackets,
    at words that join alternatives (`or`, `and`, `either`, `maybe`, `\\lor`, ...), between
    juxtaposed numbers (`5 6` is two numbers, not 56 or 30), and `a \\pm b` is the two values a + b
