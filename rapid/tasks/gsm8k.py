@@ -4,8 +4,9 @@ Data: `gsm8k/{train,test}.jsonl` (see `rapid.tasks.datasets`), on the Hub `opena
 The reference is `final_answer`: the number after `####` in the worked solution, commas removed
 (derived the same way when a source lacks the field).
 
-Grading: the model's answer is the content of the last `\\boxed{}` if there is one, else the last
-number in the completion; thousands commas and `$` are ignored. Reward 1.0 if it equals the
+Grading: the model's answer is the number in the last `\\boxed{}` if there is one (a box holding
+several numbers, `12 or 18`, `1, 000`, holds no answer), else the last number in the completion;
+thousands commas in whole groups of three (`1,234`) and `$` are ignored. Reward 1.0 if it equals the
 reference exactly (as a fraction: `18`, `18.0` and `18.00` are equal), else 0.0.
 """
 
@@ -44,12 +45,18 @@ def build_prompts(
 
 
 def extract_answer(completion: str) -> Fraction | None:
-    """The number in the last \\boxed{} (or the last number in it), else the last number of the text."""
+    """The number in the last \\boxed{} (the only number in it, when it holds words too: `18 eggs`; a box
+    with several numbers, `12 or 18`, gives none), else the last number of the text. Never raises."""
+    if not isinstance(completion, str):
+        return None
     boxed = last_boxed(completion)
-    text = completion if boxed is None else boxed
-    if boxed is not None and (value := parse_number(boxed)) is not None:
-        return value
-    numbers = _NUMBER.findall(text)
+    if boxed is not None:
+        value = parse_number(boxed)
+        if value is not None:
+            return value
+        numbers = _NUMBER.findall(boxed)
+        return parse_number(numbers[0].rstrip(",")) if len(numbers) == 1 else None
+    numbers = _NUMBER.findall(completion)
     return parse_number(numbers[-1].rstrip(",")) if numbers else None
 
 
