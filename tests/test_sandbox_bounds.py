@@ -336,3 +336,26 @@ def add(a, b):
     return out[0]
 """
     assert task.reward(f"```python\n{code}\n```", TOY) == 1.0
+
+
+def measure() -> None:
+    """Print, per forged line, score, seconds and peak-RSS growth; per memory attack, what the program
+    held (it stops at 1 GiB) at memory_mb 512, disk_mb 32. `PYTHONPATH=$PWD python tests/test_sandbox_bounds.py`"""
+    import tempfile
+
+    os.environ["RAPID_CACHE"] = tempfile.mkdtemp()
+    for name, line in FORGED.items():
+        print(json.dumps({"forged": name, **graded_apart(forge(line))}))
+    for name, body in MEMORY.items():
+        code = "import os\ndef f():\n    enough = 1 << 30\n" + "\n".join(
+            "    " + s for s in body.strip("\n").splitlines()
+        )
+        start = time.monotonic()
+        run = sandbox.call_function(
+            code + "\n    return held >> 20\n", "f", [[]], sandbox.Limits(memory_mb=512, disk_mb=32)
+        )
+        print(json.dumps({"attack": name, "status": run.status, "outputs": run.outputs, "s": time.monotonic() - start}))
+
+
+if __name__ == "__main__":
+    measure()
