@@ -25,9 +25,11 @@ tolerance path). Stricter than EvalPlus, which trusts the program: nothing is br
 array stands only where the expected value has an array or a list of its shape, a 0-d one or a numpy
 scalar only for a number), the tolerance compares numbers with numbers after checking structure and
 lengths (`[np.empty((0, 1))]` for a float fails), and set equality refuses values with many colliding
-hashes, so judging is linear in the values' sizes (`outputs_match`). print() output is discarded. Reward 1.0 only if every test passes; the first failing
-test (wrong, raised, over time) ends the run with 0.0. A sandbox that cannot start raises
-`SandboxError` (counted in train/reward_failures).
+hashes, so judging is linear in the values' sizes (`outputs_match`; docs/safety.md). print() output
+is discarded. Reward 1.0 only if every test passes; the first failing test (wrong, raised, over
+time, even if the program caught the timer) ends the run with 0.0, and so does anything going wrong
+while its results are decoded or judged. A sandbox that cannot start raises `SandboxError` (counted
+in train/reward_failures).
 """
 
 from __future__ import annotations
