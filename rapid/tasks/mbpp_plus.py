@@ -21,9 +21,15 @@ rtol 1e-7, same type and length required; set equality for the EvalPlus set-outp
 "is not None" for the regex tasks; the custom oracles of Mbpp/581 (a pyramid's surface area,
 rounded) and Mbpp/558 (digit distance with zero padding). numpy scalars and arrays are compared as
 numpy values (a numpy float must equal exactly, as `type(out) == type(exp)` fails EvalPlus's
-tolerance path). print() output is discarded. Reward 1.0 only if every test passes; the first failing
-test (wrong, raised, over time) ends the run with 0.0. A sandbox that cannot start raises
-`SandboxError` (counted in train/reward_failures).
+tolerance path). Stricter than EvalPlus, which trusts the program: nothing is broadcast (a numpy
+array stands only where the expected value has an array or a list of its shape, a 0-d one or a numpy
+scalar only for a number), the tolerance compares numbers with numbers after checking structure and
+lengths (`[np.empty((0, 1))]` for a float fails), and set equality refuses values with many colliding
+hashes, so judging is linear in the values' sizes (`outputs_match`; docs/safety.md). print() output
+is discarded. Reward 1.0 only if every test passes; the first failing test (wrong, raised, over
+time, even if the program caught the timer) ends the run with 0.0, and so does anything going wrong
+while its results are decoded or judged. A sandbox that cannot start raises `SandboxError` (counted
+in train/reward_failures).
 """
 
 from __future__ import annotations
@@ -162,15 +168,18 @@ def reward(completion: str, record: dict) -> float:
         line_bytes=ref.line_bytes,
     )
     judge = Judge(record, ref.outputs, inputs)
-    run = call_function(
-        extract_code(completion),
-        record["entry_point"],
-        inputs,
-        limits,
-        transform="bool_or_not_none" if record["entry_point"] in NOT_NONE else None,
-        accept=judge,
-        sandbox=sandbox,
-    )
+    try:
+        run = call_function(
+            extract_code(completion),
+            record["entry_point"],
+            inputs,
+            limits,
+            transform="bool_or_not_none" if record["entry_point"] in NOT_NONE else None,
+            accept=judge,
+            sandbox=sandbox,
+        )
+    except Exception:  # whatever went wrong judging this program: a failed check
+        return 0.0
     if run.status == "sandbox_error":
         raise GradingError(f"the {sandbox} sandbox did not start: {run.log.strip()[-300:]}")
     return float(run.status == "ok")
@@ -327,26 +336,120 @@ def deserialize(n: int, args: list) -> list:
 # --- comparison (outside the sandbox) ------------------------------------------------------------------
 def outputs_match(out, exp, args: list, entry_point: str, atol: float) -> tuple[bool, float]:
     """EvalPlus's verdict for one test (`out` from the candidate, `exp` from the reference) and the
-    tolerance its later tests of the same phase use (raised to 1e-6 by a float expected value)."""
+    tolerance its later tests of the same phase use (raised to 1e-6 by a float expected value), with
+    the holes an honest program never uses closed: a numpy array stands only where `exp` has an array
+    or a list of its shape (or a number, for a 0-d one), so nothing is broadcast; the tolerance path
+    compares numbers with numbers, element by element, after checking the structure and lengths;
+    set equality is built without quadratic hash collisions. Linear time and memory in the sizes of
+    `out` and `exp`; never raises."""
     try:
-        exact = out == exp
-        if entry_point == "surface_Area":  # Mbpp/581 custom oracle
-            exact = exact or abs(out - _pyramid_surface(*args)) <= atol
-        elif entry_point == "digit_distance_nums":  # Mbpp/558 custom oracle
-            exact = exact or out == _digit_distance(*args)
-        elif entry_point in SET_EQUAL:
-            exact = set(out) == set(exp)
-        elif entry_point in NOT_NONE:  # out is sent as a bool
-            exact = out == exp
         if atol == 0 and _is_floats(exp):
             atol = 1e-6
+        if not _shaped_like(out, exp):
+            return False, atol
+        if entry_point == "surface_Area":  # Mbpp/581 custom oracle
+            exact = out == exp or (_is_real(out) and abs(out - _pyramid_surface(*args)) <= atol)
+        elif entry_point == "digit_distance_nums":  # Mbpp/558 custom oracle
+            exact = out == exp or out == _digit_distance(*args)
+        elif entry_point in SET_EQUAL:
+            exact = _set_of(out) == _set_of(exp)
+        else:  # NOT_NONE: out is sent as a bool
+            exact = out == exp
         if not exact and atol != 0:
             if type(out) is not type(exp) or (isinstance(exp, (list, tuple)) and len(out) != len(exp)):
                 return False, atol
-            return bool(np.allclose(out, exp, rtol=1e-7, atol=atol)), atol
+            pairs = _numbers(out, exp)
+            if pairs is None:
+                return False, atol
+            kind = complex if any(type(v) is complex or np.iscomplexobj(v) for v in pairs[1]) else float
+            got, want = (np.array(v, dtype=kind) for v in pairs)
+            return bool(np.allclose(got, want, rtol=1e-7, atol=atol)), atol
         return bool(exact), atol
     except Exception:  # e.g. set() of unhashable items, an array's truth value: the test fails
         return False, atol
+
+
+SEQUENCES = (list, tuple)
+
+
+def _is_real(x) -> bool:
+    """A real number: int, float, bool, or a numpy integer, float or bool (0-d arrays too)."""
+    if type(x) in (int, float, bool):
+        return True
+    return isinstance(x, (np.generic, np.ndarray)) and np.ndim(x) == 0 and x.dtype.kind in "biuf"
+
+
+def _shaped_like(out, exp) -> bool:
+    """False where a numpy value in `out` would be broadcast against `exp` by `==`: an array must
+    stand where `exp` has an array of its shape or a list of its length (then element by element),
+    a 0-d array or numpy scalar only where `exp` has no sequence or array."""
+    stack = [(out, exp)]
+    while stack:
+        o, e = stack.pop()
+        if isinstance(o, np.ndarray) and o.ndim > 0:
+            if isinstance(e, np.ndarray):
+                if o.shape != e.shape:
+                    return False
+            elif isinstance(e, SEQUENCES) and len(e) == len(o):
+                stack.extend(zip(o, e))
+            else:
+                return False
+        elif isinstance(o, (np.generic, np.ndarray)):
+            if isinstance(e, (*SEQUENCES, np.ndarray, dict, set, frozenset)) and not (
+                isinstance(e, np.ndarray) and e.ndim == 0
+            ):
+                return False
+        elif isinstance(e, np.ndarray) and e.ndim > 0:
+            if not isinstance(o, SEQUENCES) or len(o) != len(e):
+                return False
+            stack.extend(zip(o, e))
+        elif isinstance(o, SEQUENCES) and isinstance(e, SEQUENCES) and len(o) == len(e):
+            stack.extend(zip(o, e))
+        elif isinstance(o, dict) and isinstance(e, dict) and len(o) == len(e):
+            stack.extend((o[k], v) for k, v in e.items() if k in o)
+    return True
+
+
+def _numbers(out, exp) -> tuple[list, list] | None:
+    """The numbers of `out` and `exp` in the same order, if `out` has `exp`'s structure (sequences
+    of the same lengths, arrays of the same shape) and a real number wherever `exp` has a number
+    (a complex one too where `exp`'s is complex); else None."""
+    got, want, stack = [], [], [(out, exp)]
+    while stack:
+        o, e = stack.pop()
+        if _is_real(e) or type(e) is complex:
+            if not (_is_real(o) or (type(e) is complex and type(o) is complex)):
+                return None
+            got.append(o.item() if isinstance(o, (np.generic, np.ndarray)) else o)
+            want.append(e.item() if isinstance(e, (np.generic, np.ndarray)) else e)
+        elif isinstance(e, np.ndarray):
+            if not isinstance(o, np.ndarray) or o.shape != e.shape or o.dtype.kind not in "biufc":
+                return None
+            got += o.ravel().tolist()
+            want += e.ravel().tolist()
+        elif isinstance(e, SEQUENCES):
+            if isinstance(o, np.ndarray) and o.ndim > 0 and len(o) == len(e) and o.dtype.kind in "biuf":
+                stack.extend(zip(o, e))
+            elif isinstance(o, SEQUENCES) and len(o) == len(e):
+                stack.extend(zip(o, e))
+            else:
+                return None
+        else:  # strings, None, dicts, sets: no tolerance applies (np.allclose refuses them too)
+            return None
+    return got, want
+
+
+def _set_of(values) -> set:
+    """set(values), refused (ValueError) when more than 8 distinct values share a hash, so that
+    building it stays linear (equal values, however many, are fine)."""
+    groups: dict[int, list] = {}
+    for v in values:
+        same = groups.setdefault(hash(v), [])
+        if not any(v == w for w in same):
+            if len(same) == 8:
+                raise ValueError("too many distinct values with one hash")
+            same.append(v)
+    return {v for same in groups.values() for v in same}
 
 
 def _is_floats(x) -> bool:

