@@ -249,6 +249,8 @@ def train(cfg: DictConfig) -> dict:
     stream = PromptStream(len(train_records), derive_seed(cfg.seed, PROMPT_STREAM))
     auto_h = adaptive_h.Settings.from_config(a.auto_h, a.n_step) if a.H == "auto" else None
     h_state = adaptive_h.initial_state(auto_h) if auto_h else None
+    # the KL reference (GRPO's) is the initial policy: copied before a resume loads the checkpoint's weights
+    initial = copy.deepcopy(model) if estimators.get(a.loss).reference(a) else None
     start_round, elapsed0, samples_done = 0, 0.0, 0
     if resume_from is not None:
         state = checkpoint.load(resume_from, model, optimizer, scheduler, stream)
@@ -270,7 +272,7 @@ def train(cfg: DictConfig) -> dict:
     reference = None  # a KL anchor (GRPO, Dr. GRPO with kl_coef > 0): a frozen copy of the initial policy
     if estimator.reference(a):
         reference = CompletionLogprobs(
-            copy.deepcopy(model).requires_grad_(False).eval(),
+            initial.requires_grad_(False).eval(),
             temperature,
             share_prompt=not cfg.model.gradient_checkpointing,
         )
