@@ -454,7 +454,7 @@ def train(cfg: DictConfig) -> dict:
                 if "w_bar_mean" in stats:  # IW-GRPG: the ESS of the records trained on, over all ranks
                     n = stats["trained_frac"] * len(minibatch)
                     w1, w2, n = all_reduce_sum([stats["w_bar_mean"] * n, stats["w_bar_sq_mean"] * n, n], device)
-                    ess.append(normalized_ess(w1 / n, w2 / n))
+                    ess.append((len(steps) + 1, normalized_ess(w1 / n, w2 / n)))  # (step k, e_k)
                 if auto_h and adaptive_h.stop_early(ess, auto_h):  # too stale: not applied, the round ends
                     optimizer.zero_grad(set_to_none=True)
                     break
@@ -498,6 +498,7 @@ def train(cfg: DictConfig) -> dict:
                     reward_s=times[1] + times[2],
                     train_s=times[3],
                     fixed_s=times[4] + times[5],
+                    steps=len(steps) + (len(steps) < H),  # + the early-stopped step, computed
                 ),
             )
             row |= {"algorithm/H": H, "algorithm/steps": len(steps), "algorithm/unused_samples": unused, **decision}
