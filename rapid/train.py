@@ -131,7 +131,7 @@ def round_metrics(
             "records": len(rollouts),
             "failures": failed,
             "reward": sum(r.reward for r in rollouts),
-            "correct": sum(r.reward == 1.0 for r in rollouts),
+            "correct": sum(r.task_reward == 1.0 for r in rollouts),  # before DAPO's overlong penalty
             "tokens": sum(len(r.completion_ids) for r in rollouts),
             "truncated": sum(r.truncated for r in rollouts),
             **({"gap": gap} if gap is not None else {}),
@@ -330,6 +330,7 @@ def train(cfg: DictConfig) -> dict:
                 workers=cfg.reward.workers,
                 timeout=cfg.reward.timeout_s,
             )
+        scores = rewards  # the task's reward; DAPO's accuracy and dynamic sampling read it
         if a.overlong_cache:  # DAPO's soft overlong punishment
             lengths = torch.tensor([len(c.token_ids) for _, _, c in flat])
             rewards = (
@@ -346,8 +347,9 @@ def train(cfg: DictConfig) -> dict:
                 truncated=c.finish_reason == "length",
                 text=c.text,
                 prompt_index=i,
+                score=s,
             )
-            for (p, i, c), r in zip(flat, rewards)
+            for (p, i, c), r, s in zip(flat, rewards, scores)
         ], failed
 
     def run_eval(round_: int, log: bool = True) -> dict:

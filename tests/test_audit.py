@@ -55,3 +55,19 @@ def test_equal_rewards_under_the_weighted_baseline_keep_their_off_policy_advanta
     torch.testing.assert_close(
         group_advantages(c, g, w, leave_one_out=True), torch.tensor([0.0, 0.025, 0.025], dtype=torch.float64)
     )
+
+
+def test_accuracy_counts_correct_answers_before_the_overlong_penalty():
+    """train/accuracy is the share of correct completions (task reward 1): a correct answer that DAPO's
+    overlong penalty pulls to 0.75 is still correct. 4 records: scores 1, 1, 0, 1 with penalties
+    0, -0.25, 0, -1 -> rewards 1, 0.75, 0, 0: accuracy 3/4, reward mean 1.75 / 4."""
+    from rapid.buffer import Rollout
+    from rapid.train import round_metrics
+
+    scores, penalties = [1.0, 1.0, 0.0, 1.0], [0.0, -0.25, 0.0, -1.0]
+    rollouts = [
+        Rollout([1], [2, 3], [0.0, 0.0], s + p, group_id=0, truncated=False, score=s) for s, p in zip(scores, penalties)
+    ]
+    row = round_metrics(rollouts, [{"loss": 0.0, "grad_norm": 0.0, "lr": 1e-3}], 0, None, 1, torch.device("cpu"))
+    assert row["train/accuracy"] == 0.75
+    assert row["train/reward_mean"] == 1.75 / 4
