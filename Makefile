@@ -88,23 +88,27 @@ METHODS  ?= rapid,pg,grpo,dapo
 TEACHER  ?= qwen2.5_1.5b
 FAMILIES ?= qwen2.5_1.5b,llama3.2_1b,gemma3_1b
 SWEEP    := $(PY) -m rapid.train -m
+# GPUS=0,1,2,3: the paper-scale targets run their runs in parallel, one per GPU (experiments/gpu_pool.py;
+# each run in the directory the multirun would give it; finished runs are not run again); docs/multi_gpu.md
+GPUS     ?=
+PAPER_SWEEP = $(if $(GPUS),$(PY) experiments/gpu_pool.py --gpus $(GPUS) --,$(SWEEP))
 STATS    := $(PY) tools/stats.py
 FIGURES  := $(PY) tools/figures.py
 
 reproduce-table1: $(BENCHES:%=table1-%)  ## Table 1 (GPU): RAPID vs PG, GRPO, DAPO and SFT on MBPP+, MATH, MiniF2F, 3 seeds
 table1-%: install
-	$(SWEEP) +experiment=$* algorithm=$(METHODS) seed=$(SEEDS) hydra.sweep.dir=multirun/table1/$*
-	$(SWEEP) +experiment=$* algorithm=sft algorithm.distill.teacher=$(TEACHER) seed=$(SEEDS) hydra.sweep.dir=multirun/table1/$*
+	$(PAPER_SWEEP) +experiment=$* algorithm=$(METHODS) seed=$(SEEDS) hydra.sweep.dir=multirun/table1/$*
+	$(PAPER_SWEEP) +experiment=$* algorithm=sft algorithm.distill.teacher=$(TEACHER) seed=$(SEEDS) hydra.sweep.dir=multirun/table1/$*
 	$(STATS) multirun/table1/$* --out experiments/results/table1/$*
 
 reproduce-table2: table2-mbpp_h8  ## Table 2 (GPU): the same methods with other model sizes and families on MBPP+
 table2-%: install
-	$(SWEEP) +experiment=$* model=$(FAMILIES) algorithm=$(METHODS) seed=$(SEEDS) hydra.sweep.dir=multirun/table2/$*
+	$(PAPER_SWEEP) +experiment=$* model=$(FAMILIES) algorithm=$(METHODS) seed=$(SEEDS) hydra.sweep.dir=multirun/table2/$*
 	$(STATS) multirun/table2/$* --out experiments/results/table2/$*
 
 reproduce-table3: $(BENCHES:%=table3-%)  ## Table 3 (GPU): RAPID's H sweep (2, 4, 8, 16): accuracy, time, staleness
 table3-%: install
-	$(SWEEP) +experiment=$* algorithm.H=2,4,8,16 seed=$(SEEDS) hydra.sweep.dir=multirun/table3/$*
+	$(PAPER_SWEEP) +experiment=$* algorithm.H=2,4,8,16 seed=$(SEEDS) hydra.sweep.dir=multirun/table3/$*
 	$(STATS) multirun/table3/$* --out experiments/results/table3/$*
 	$(FIGURES) multirun/table3/$* --out experiments/results/table3/$*
 

@@ -12,6 +12,10 @@ sync); too large an H trains on stale samples. After every round the controller 
    On step 1, θ = μ and e_1 reflects only the sampler/trainer log-prob mismatch (1 with exact log μ);
    H cannot change that part, so the controller works with the drift ESS d_k = e_k / e_1 and
         ℓ_k = −log d_k   (≥ 0).
+   A step whose every group has advantage 0 trains nothing and measures nothing
+   (`train.skip_zero_advantage`): the ESS arrive as (k, e_k) pairs of the steps measured. When step 1
+   was not measured, the first measured step k_1 stands in for it: d_k = e_k / e_{k_1}, and the fit
+   below uses x_k = (k − 1)² − (k_1 − 1)², the drift added since k_1 (both as written when k_1 = 1).
    If log w = mismatch + drift with independent normal parts (and few weights clipped), the ESS of
    log-normal weights gives −log e_k = Var(log w), so ℓ_k is the variance of the drift. A policy moving by a steady step per update drifts ∝ (k − 1), so
         ℓ_k ≈ s · (k − 1)²,      s = Σ_{k≥2} (k−1)² ℓ_k / Σ_{k≥2} (k−1)⁴   (least squares, the round's steps)
@@ -39,7 +43,7 @@ sync); too large an H trains on stale samples. After every round the controller 
    most doubles per round, so that both fits are extrapolated one doubling beyond what was measured.
    The last round of the run's sample budget is cut to the samples left (`plan`).
 
-Early stop within a round (`stop_early`): when step k ≥ 2 has drift ESS d_k < `ess_floor`, that
+Early stop within a round (`stop_early`): when a step after the first measured one has drift ESS d_k < `ess_floor`, that
 step's gradient is not applied and the round ends. The samples of that minibatch and of the ones
 not reached are not trained on: they still count in `samples` (samples generated) and are logged as
 `algorithm/unused_samples`. The learning-rate schedule runs over (sample budget / n_step) steps and
@@ -108,11 +112,12 @@ class Round:
     """What one round measured (every value already averaged over ranks)."""
 
     H: int  # steps planned; H · n_step samples were generated
-    ess: Sequence[float]  # e_1..e_m of the m steps measured (m < H after an early stop)
+    ess: Sequence[tuple[int, float]]  # (k, e_k) of the steps measured, k = 1..H (a fully skipped step has none)
     generate_s: float  # generation phase
     reward_s: float  # reward (and recompute) phases: per generated sample
     train_s: float  # train phase: per measured step's samples
     fixed_s: float  # weight sync and everything else in the round
+    steps: int | None = None  # steps computed (an early-stopped one included); None: one per measured step
 
 
 def initial_state(settings: Settings) -> State:
@@ -124,29 +129,33 @@ def plan(state: State, samples_left: int, n_step: int) -> int:
     return max(1, min(state.H, samples_left // n_step))
 
 
-def drift_ess(ess: Sequence[float]) -> list[float]:
-    """d_k = e_k / e_1 for every measured step (d_1 = 1), floored at MIN_DRIFT_ESS, at most 1."""
-    if not ess or ess[0] <= 0:
+def drift_ess(ess: Sequence[tuple[int, float]]) -> list[float]:
+    """d_k = e_k / e_{k_1} for every measured (k, e_k), k_1 the first (d = 1 there), floored at
+    MIN_DRIFT_ESS, at most 1."""
+    if not ess or ess[0][1] <= 0:
         return [MIN_DRIFT_ESS] * len(ess)
-    return [min(1.0, max(MIN_DRIFT_ESS, e / ess[0])) for e in ess]
+    return [min(1.0, max(MIN_DRIFT_ESS, e / ess[0][1])) for _, e in ess]
 
 
-def stop_early(ess: Sequence[float], settings: Settings) -> bool:
-    """After step k = len(ess): whether its drift ESS fell below the floor (never on step 1)."""
+def stop_early(ess: Sequence[tuple[int, float]], settings: Settings) -> bool:
+    """After the latest measured step: whether its drift ESS fell below the floor (never on the first
+    measured step)."""
     return len(ess) >= 2 and drift_ess(ess)[-1] < settings.ess_floor
 
 
-def drift_rate(ess: Sequence[float]) -> float | None:
-    """s of ℓ_k ≈ s (k − 1)², least squares over steps k ≥ 2; None when no such step was measured."""
+def drift_rate(ess: Sequence[tuple[int, float]]) -> float | None:
+    """s of ℓ_k ≈ s ((k − 1)² − (k_1 − 1)²), least squares over the measured steps after the first, k_1;
+    None when no such step was measured."""
     d = drift_ess(ess)
     if len(d) < 2:
         return None
-    x = [(k - 1) ** 2 for k in range(2, len(d) + 1)]
+    k1 = ess[0][0]
+    x = [(k - 1) ** 2 - (k1 - 1) ** 2 for k, _ in ess[1:]]
     ell = [-math.log(v) for v in d[1:]]
     return sum(xi * li for xi, li in zip(x, ell)) / sum(xi * xi for xi in x)
 
 
-def ess_cap(ess: Sequence[float], settings: Settings) -> int:
+def ess_cap(ess: Sequence[tuple[int, float]], settings: Settings) -> int:
     """H_cap: the largest H in [min, max] whose predicted last-step drift ESS stays >= ess_target."""
     s = drift_rate(ess)
     h_ess = math.inf if not s else 1 + math.floor(math.sqrt(math.log(1 / settings.ess_target) / s))
@@ -186,7 +195,7 @@ def update(state: State, settings: Settings, r: Round) -> tuple[State, dict]:
     state = replace(
         state,
         generate_s=generate_s,
-        per_sample_s=average(state.per_sample_s, r.reward_s / b + r.train_s / (max(1, len(r.ess)) * n)),
+        per_sample_s=average(state.per_sample_s, r.reward_s / b + r.train_s / (max(1, r.steps or len(r.ess)) * n)),
         per_round_s=average(state.per_round_s, r.fixed_s),
     )
     h_cap = ess_cap(r.ess, settings)

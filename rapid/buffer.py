@@ -31,6 +31,12 @@ class Rollout:
     text: str = ""  # decoded completion, for logging and rewards
     prompt_index: int = -1  # position of the problem in the task's training split
     logp_engine: list[float] | None = None  # the sampler's own log-probs, kept when log μ is recomputed
+    score: float | None = None  # the task's own reward, before shaping (DAPO's overlong penalty); None: `reward`
+
+    @property
+    def task_reward(self) -> float:
+        """The task's reward of the completion (correct: 1.0), whatever shaping `reward` adds."""
+        return self.reward if self.score is None else self.score
 
 
 @dataclass
@@ -163,13 +169,14 @@ def groups_with_gradient(records: list[Rollout], skip: str) -> list[Rollout]:
 
 
 def keep_informative_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], int]:
-    """DAPO's dynamic sampling: drop the groups whose rewards are all equal (zero advantage, no
-    gradient). Returns the kept records (groups stay contiguous) and the number of dropped groups."""
+    """DAPO's dynamic sampling: drop the groups whose task rewards are all equal (DAPO keeps a group
+    with 0 < correct < G, judged by accuracy, not by the reward after its overlong penalty). Returns the
+    kept records (groups stay contiguous) and the number of dropped groups."""
     buffer = ReplayBuffer()
     buffer.add(rollouts)
     kept, dropped = [], 0
     for group in buffer.groups():
-        if len({r.reward for r in group}) > 1:
+        if len({r.task_reward for r in group}) > 1:
             kept += group
         else:
             dropped += 1

@@ -93,7 +93,7 @@ def unreadable(path: Path) -> str:
         with zipfile.ZipFile(path / "state.pt") as z:
             if z.testzip() is not None:
                 return "state.pt fails its checksum"
-        torch.load(path / "state.pt", weights_only=False, mmap=True)
+        torch.load(path / "state.pt", map_location="cpu", weights_only=False, mmap=True)
     except Exception as e:  # torch and zipfile raise many kinds for a damaged file
         return f"state.pt: {type(e).__name__}"
     weights = list((path / "model").glob("*.safetensors"))
@@ -113,13 +113,17 @@ def unreadable(path: Path) -> str:
 
 
 def load_config(path: Path) -> DictConfig:
-    return with_current_defaults(OmegaConf.create(torch.load(Path(path) / "state.pt", weights_only=False)["config"]))
+    return with_current_defaults(
+        OmegaConf.create(torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)["config"])
+    )
 
 
 def load(path: Path, model, optimizer, scheduler, stream) -> dict:
-    """Restore all states in place; returns the raw state (round, elapsed_s, ...)."""
+    """Restore all states in place; returns the raw state (round, elapsed_s, ...). The state is read
+    onto the CPU: saved from GPU 0, it would otherwise land whole on cuda:0 on every rank (the optimizer
+    moments are twice the model); `optimizer.load_state_dict` moves each moment to its parameter's device."""
     path = Path(path)
-    state = torch.load(path / "state.pt", weights_only=False)
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     saved = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32)
     unwrap(model).load_state_dict(saved.state_dict())
     optimizer.load_state_dict(state["optimizer"])

@@ -300,6 +300,12 @@ def validate(cfg: DictConfig, world: int) -> None:
                     f"ess_target={h.ess_target} must satisfy 0 < ess_floor <= ess_target < 1",
                 ),
                 (h.cost_tolerance >= 0, f"algorithm.auto_h.cost_tolerance={h.cost_tolerance} must be >= 0"),
+                (  # a step's normalised ESS over B <= n_step records is at least 1/B (rapid/adaptive_h.py)
+                    h.ess_floor > 1 / a.n_step,
+                    f"algorithm.auto_h.ess_floor={h.ess_floor} can never stop a round early: a step of "
+                    f"algorithm.n_step={a.n_step} records has a relative ESS of at least 1/{a.n_step} = "
+                    f"{1 / a.n_step:.3g}; set ess_floor above that or n_step above {math.floor(1 / h.ess_floor)}",
+                ),
             ]
     for ok, message in checks:
         if not ok:

@@ -80,8 +80,10 @@ def group_advantages(
     """
     rewards = rewards.detach()
     inverse, counts = group_index(rewards, group_ids)
-    weighted = rewards if weights is None else weights.detach().to(rewards.dtype) * rewards
+    w = torch.ones_like(rewards) if weights is None else weights.detach().to(rewards.dtype)
+    weighted = w * rewards
     sums = torch.zeros_like(counts).index_add_(0, inverse, weighted)  # [K] Σ w R
+    w_sums = torch.zeros_like(counts).index_add_(0, inverse, w)  # [K] Σ w
     if leave_one_out:
         if bool((counts < 2).any()):
             raise ValueError(
@@ -89,9 +91,21 @@ def group_advantages(
                 "has only 1; sample n_group >= 2 completions per prompt or set leave_one_out=False."
             )
         baseline = (sums[inverse] - weighted) / (counts[inverse] - 1)  # [B]
+        w_mean = (w_sums[inverse] - w) / (counts[inverse] - 1)
     else:
         baseline = sums[inverse] / counts[inverse]  # [B]
+        w_mean = w_sums[inverse] / counts[inverse]
+    # a group of equal rewards c: the baseline is c · mean w, exactly c when the weights are 1 (Σ R / N
+    # of equal non-binary rewards is not c in floating point: 0.1 · 3 / 3 != 0.1)
+    baseline = torch.where(equal_rewards(rewards, inverse, counts)[inverse], rewards * w_mean, baseline)
     return rewards - baseline
+
+
+def equal_rewards(rewards: Tensor, inverse: Tensor, counts: Tensor) -> Tensor:
+    """[K] bool: whether all of group k's rewards are equal (`group_index`'s inverse and counts)."""
+    lowest = torch.full_like(counts, torch.inf).scatter_reduce(0, inverse, rewards, "amin")
+    highest = torch.full_like(counts, -torch.inf).scatter_reduce(0, inverse, rewards, "amax")
+    return lowest == highest
 
 
 def iw_grpg_loss(

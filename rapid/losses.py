@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rapid.iw_grpg import LOG_RATIO_MAX, group_index
+from rapid.iw_grpg import LOG_RATIO_MAX, equal_rewards, group_index
 
 __all__ = [
     "group_normalized_advantages",
@@ -76,6 +76,9 @@ def group_normalized_advantages(
     inverse, counts = group_index(rewards, group_ids)
     sums = torch.zeros_like(counts).index_add_(0, inverse, rewards)  # [K] Σ R
     centred = rewards - (sums / counts)[inverse]  # [B] R − mean_k
+    # equal rewards: exactly 0 (Σ R / N of equal non-binary rewards is not R in floating point, and the
+    # std normalisation would inflate that rounding to ~1e-3)
+    centred = torch.where(equal_rewards(rewards, inverse, counts)[inverse], 0.0, centred)
     if scale is None:
         return centred
     sq = torch.zeros_like(counts).index_add_(0, inverse, centred**2)  # [K] Σ (R − mean)²

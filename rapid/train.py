@@ -134,7 +134,7 @@ def round_metrics(
             "records": len(rollouts),
             "failures": failed,
             "reward": sum(r.reward for r in rollouts),
-            "correct": sum(r.reward == 1.0 for r in rollouts),
+            "correct": sum(r.task_reward == 1.0 for r in rollouts),  # before DAPO's overlong penalty
             "tokens": sum(len(r.completion_ids) for r in rollouts),
             "truncated": sum(r.truncated for r in rollouts),
             **({"gap": gap} if gap is not None else {}),
@@ -256,6 +256,8 @@ def train(cfg: DictConfig) -> dict:
     stream = PromptStream(len(train_records), derive_seed(cfg.seed, PROMPT_STREAM))
     auto_h = adaptive_h.Settings.from_config(a.auto_h, a.n_step) if a.H == "auto" else None
     h_state = adaptive_h.initial_state(auto_h) if auto_h else None
+    # the KL reference (GRPO's) is the initial policy: copied before a resume loads the checkpoint's weights
+    initial = copy.deepcopy(model) if estimators.get(a.loss).reference(a) else None
     start_round, elapsed0, samples_done = 0, 0.0, 0
     if resume_from is not None:
         state = checkpoint.load(resume_from, model, optimizer, scheduler, stream)
@@ -277,7 +279,7 @@ def train(cfg: DictConfig) -> dict:
     reference = None  # a KL anchor (GRPO, Dr. GRPO with kl_coef > 0): a frozen copy of the initial policy
     if estimator.reference(a):
         reference = CompletionLogprobs(
-            copy.deepcopy(model).requires_grad_(False).eval(),
+            initial.requires_grad_(False).eval(),
             temperature,
             share_prompt=not cfg.model.gradient_checkpointing,
         )
@@ -336,6 +338,7 @@ def train(cfg: DictConfig) -> dict:
                 workers=cfg.reward.workers,
                 timeout=cfg.reward.timeout_s,
             )
+        scores = rewards  # the task's reward; DAPO's accuracy and dynamic sampling read it
         if a.overlong_cache:  # DAPO's soft overlong punishment
             lengths = torch.tensor([len(c.token_ids) for _, _, c in flat])
             rewards = (
@@ -352,8 +355,9 @@ def train(cfg: DictConfig) -> dict:
                 truncated=c.finish_reason == "length",
                 text=c.text,
                 prompt_index=i,
+                score=s,
             )
-            for (p, i, c), r in zip(flat, rewards)
+            for (p, i, c), r, s in zip(flat, rewards, scores)
         ], failed
 
     def run_eval(round_: int, log: bool = True) -> dict:
@@ -462,7 +466,7 @@ def train(cfg: DictConfig) -> dict:
                 if "w_bar_mean" in stats:  # IW-GRPG: the ESS of the records trained on, over all ranks
                     n = stats["trained_frac"] * len(minibatch)
                     w1, w2, n = all_reduce_sum([stats["w_bar_mean"] * n, stats["w_bar_sq_mean"] * n, n], device)
-                    ess.append(normalized_ess(w1 / n, w2 / n))
+                    ess.append((len(steps) + 1, normalized_ess(w1 / n, w2 / n)))  # (step k, e_k)
                 if auto_h and adaptive_h.stop_early(ess, auto_h):  # too stale: not applied, the round ends
                     optimizer.zero_grad(set_to_none=True)
                     break
@@ -508,6 +512,7 @@ def train(cfg: DictConfig) -> dict:
                     reward_s=times[1] + times[2],
                     train_s=times[3],
                     fixed_s=times[4] + times[5],
+                    steps=len(steps) + (len(steps) < H),  # + the early-stopped step, computed
                 ),
             )
             row |= {"algorithm/H": H, "algorithm/steps": len(steps), "algorithm/unused_samples": unused, **decision}

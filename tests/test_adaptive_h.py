@@ -23,9 +23,14 @@ REPO = Path(__file__).resolve().parents[1]
 SETTINGS = ah.Settings(h_min=1, h_max=16, ess_target=0.5, ess_floor=0.2, cost_tolerance=0.05, n_step=32)
 
 
-def on_curve(s: float, steps: int, e1: float = 1.0) -> list[float]:
-    """ESS of steps 1..steps of a round whose drift follows ℓ_k = s (k − 1)² exactly: e_k = e_1 exp(−s (k−1)²)."""
-    return [e1 * math.exp(-s * (k - 1) ** 2) for k in range(1, steps + 1)]
+def on_curve(s: float, steps: int, e1: float = 1.0) -> list[tuple[int, float]]:
+    """(k, e_k) of steps 1..steps of a round whose drift follows ℓ_k = s (k − 1)² exactly: e_k = e_1 exp(−s (k−1)²)."""
+    return [(k, e1 * math.exp(-s * (k - 1) ** 2)) for k in range(1, steps + 1)]
+
+
+def numbered(ess: list[float]) -> list[tuple[int, float]]:
+    """(k, e_k) of a round whose every step k = 1.. was measured."""
+    return list(enumerate(ess, start=1))
 
 
 # ----------------------------------------------------------------------------- staleness
@@ -37,10 +42,10 @@ def test_drift_rate_by_hand():
     # a step-1 mismatch (e_1 = 0.8 instead of 1) scales every e_k alike: the drift is the same
     assert ah.drift_rate(on_curve(0.1, 4, e1=0.8)) == pytest.approx(0.1, abs=1e-12)
     # off the curve: ℓ_2 = 0.2, ℓ_3 = 0.2 -> s = (0.2·1 + 0.2·4) / (1 + 16) = 1/17
-    assert ah.drift_rate([1.0, math.exp(-0.2), math.exp(-0.2)]) == pytest.approx(1 / 17, abs=1e-12)
+    assert ah.drift_rate(numbered([1.0, math.exp(-0.2), math.exp(-0.2)])) == pytest.approx(1 / 17, abs=1e-12)
     # a later step with a larger ESS than step 1 counts as no drift (ℓ = 0), not as negative drift
-    assert ah.drift_rate([0.9, 0.95]) == 0.0
-    assert ah.drift_rate([1.0]) is None  # on-policy only: nothing measured
+    assert ah.drift_rate(numbered([0.9, 0.95])) == 0.0
+    assert ah.drift_rate(numbered([1.0])) is None  # on-policy only: nothing measured
 
 
 def test_ess_cap_by_hand():
@@ -52,17 +57,17 @@ def test_ess_cap_by_hand():
     # s = 2: 1 + ⌊√0.347⌋ = 1
     assert ah.ess_cap(on_curve(2.0, 2), SETTINGS) == 1
     # no drift, or nothing measured: the bound
-    assert ah.ess_cap([1.0, 1.0], SETTINGS) == 16 and ah.ess_cap([1.0], SETTINGS) == 16
+    assert ah.ess_cap(numbered([1.0, 1.0]), SETTINGS) == 16 and ah.ess_cap(numbered([1.0]), SETTINGS) == 16
     assert ah.ess_cap(on_curve(2.0, 2), ah.Settings(4, 16, 0.5, 0.2, 0.05, 32)) == 4  # min
 
 
 def test_stop_early_below_the_floor_never_on_step_one():
-    assert not ah.stop_early([0.1], SETTINGS)  # step 1: θ = μ, mismatch only
-    assert not ah.stop_early([1.0, 0.5], SETTINGS)
-    assert not ah.stop_early([1.0, 0.5, 0.21], SETTINGS)
-    assert ah.stop_early([1.0, 0.5, 0.19], SETTINGS)
+    assert not ah.stop_early(numbered([0.1]), SETTINGS)  # step 1: θ = μ, mismatch only
+    assert not ah.stop_early(numbered([1.0, 0.5]), SETTINGS)
+    assert not ah.stop_early(numbered([1.0, 0.5, 0.21]), SETTINGS)
+    assert ah.stop_early(numbered([1.0, 0.5, 0.19]), SETTINGS)
     # relative to step 1: 0.09 / 0.5 = 0.18 < 0.2 stops, 0.11 / 0.5 = 0.22 does not
-    assert ah.stop_early([0.5, 0.09], SETTINGS) and not ah.stop_early([0.5, 0.11], SETTINGS)
+    assert ah.stop_early(numbered([0.5, 0.09]), SETTINGS) and not ah.stop_early(numbered([0.5, 0.11]), SETTINGS)
 
 
 # ----------------------------------------------------------------------------- cost
@@ -110,7 +115,7 @@ def test_flat_generation_cost_keeps_samples_fresh():
     saves 0.2 / (32 H) s of ~0.34 s per sample, under 5% even at H = 1, so H = 1 though the weights
     would allow 16."""
     state = ah.State(H=2, generate_s={32: 6.4}, per_sample_s=0.14, per_round_s=0.2)
-    new, log = ah.update(state, SETTINGS, ah.Round(2, [1.0, 1.0], 12.8, 0.0, 2 * 32 * 0.14, 0.2))
+    new, log = ah.update(state, SETTINGS, ah.Round(2, numbered([1.0, 1.0]), 12.8, 0.0, 2 * 32 * 0.14, 0.2))
     assert log["algorithm/gen_alpha_s"] == 0.0
     assert (log["algorithm/next_H_ess"], log["algorithm/next_H"]) == (16, 1)
 
@@ -127,7 +132,7 @@ def test_sequence_grow_cap_shrink_and_early_stop():
     history = []
     for s in [None, 0.001, 0.001, 0.001, 0.001, 0.1, 0.01]:
         H = ah.plan(state, 10_000, 32)
-        ess = [1.0] if s is None else on_curve(s, H)
+        ess = numbered([1.0]) if s is None else on_curve(s, H)
         state, log = ah.update(state, settings, ah.Round(H, ess, 1.0, 0.0, 1.0, 0.1))
         history.append((H, log["algorithm/next_H_ess"], state.H))
     # (this round's H, H_cap, next H):
@@ -197,6 +202,11 @@ def test_auto_config_validates_and_derives_the_run_length():
         (["algorithm.H=auto", "samples=160", "algorithm.auto_h.min=4", "algorithm.auto_h.max=2"], ("min=4", "max=2")),
         (["algorithm.H=auto", "samples=160", "algorithm.auto_h.ess_floor=0.6"], ("ess_floor=0.6", "ess_target=0.5")),
         (["algorithm.H=auto", "samples=160", "algorithm.auto_h.cost_tolerance=-1"], ("cost_tolerance=-1",)),
+        # the paper's n_step 4: a step's relative ESS is >= 1/4 = 0.25, so a floor of 0.2 could never stop a round
+        (
+            ["algorithm.H=auto", "samples=160", "algorithm.n_step=4", "algorithm.auto_h.ess_floor=0.2"],
+            ("ess_floor=0.2", "n_step=4", "0.25", "above 5"),
+        ),
         (["algorithm.H=0"], ("H=0", "auto")),
         (["algorithm.H=auto", "samples=160", "algorithm.n_inference=64"], ("n_inference=64",)),
     ],
@@ -306,3 +316,22 @@ def test_bench_rl_runs_auto_to_the_same_sample_budget(tmp_path):
     ]
     trains = [r for r in metrics if "algorithm/H" in r]
     assert int(row["rounds"]) == len(trains) and sum(r["algorithm/H"] for r in trains) * 8 == 64
+
+
+def test_skipped_steps_keep_their_step_numbers():
+    """A step whose every group has advantage 0 measures no ESS. The drift is fitted at the steps that
+    were measured, not at 1, 2, 3, ... of the list: s = 0.1 in every case below.
+    Steps 1, 3 measured, ℓ_3 = 0.4 at (3 − 1)² = 4: s = 0.4 / 4 = 0.1 (numbered 1, 2 it would read 0.4 at 1).
+    Step 1 skipped, steps 2, 4 measured: the drift since step 2, ℓ = −log(e_4 / e_2) = 0.9 − 0.1 = 0.8 at
+    (4 − 1)² − (2 − 1)² = 8: s = 0.1."""
+    e = dict(on_curve(0.1, 8))
+    assert ah.drift_rate([(1, e[1]), (3, e[3])]) == pytest.approx(0.1, abs=1e-12)
+    assert ah.drift_rate([(2, e[2]), (4, e[4])]) == pytest.approx(0.1, abs=1e-12)
+    assert ah.drift_rate([(1, e[1]), (3, e[3]), (4, e[4]), (7, e[7])]) == pytest.approx(0.1, abs=1e-12)
+    # the cap of s = 0.1 is 3 (test_ess_cap_by_hand), whichever steps were measured
+    assert ah.ess_cap([(2, e[2]), (4, e[4])], SETTINGS) == 3
+    # a round of 4 whose steps 2 and 3 were skipped: the train time is per step computed (4), not measured (2)
+    state = ah.State(H=4)
+    r = ah.Round(4, [(1, e[1]), (4, e[4])], 1.0, 0.0, train_s=4 * 32 * 0.5, fixed_s=0.0, steps=4)
+    new, log = ah.update(state, SETTINGS, r)
+    assert new.per_sample_s == pytest.approx(0.5) and log["algorithm/drift"] == pytest.approx(0.1, abs=1e-12)

@@ -120,3 +120,38 @@ def test_groups_with_gradient_keeps_what_each_baseline_needs():
     assert groups_with_gradient(all_zero, "zero_rewards") == []  # none left: the gradient is 0
     with pytest.raises(ValueError, match="equal_rewards"):
         groups_with_gradient(records, "uniform")
+
+
+def test_dynamic_sampling_judges_groups_by_the_task_reward_not_the_overlong_penalty():
+    """DAPO keeps a group with 0 < correct < G. With the overlong penalty added to the reward, a group
+    that is all correct (or all wrong) but of different lengths has unequal rewards: it is still
+    dropped. A group with correct and wrong answers is kept, whatever the penalties."""
+    from rapid.buffer import keep_informative_groups
+
+    def mk(gid, score, penalty):
+        return Rollout(
+            prompt_ids=[1],
+            completion_ids=[2],
+            logp_mu=[0.0],
+            reward=score + penalty,
+            group_id=gid,
+            truncated=False,
+            score=score,
+        )
+
+    records = [
+        *[mk(1, 1.0, p) for p in (0.0, -0.1, 0.0, -0.2)],  # all correct, penalised unequally: dropped
+        *[mk(2, 0.0, p) for p in (0.0, -0.5, 0.0, 0.0)],  # all wrong: dropped
+        *[mk(3, s, p) for s, p in ((1.0, -1.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0))],  # 1 correct of 4: kept
+    ]
+    kept, dropped = keep_informative_groups(records)
+    assert dropped == 2
+    assert [(r.group_id, r.score, r.reward) for r in kept] == [
+        (3, 1.0, 0.0),
+        (3, 0.0, 0.0),
+        (3, 0.0, 0.0),
+        (3, 0.0, 0.0),
+    ]
+    # without a separate score (no shaping), the reward is the task's reward
+    plain = Rollout(prompt_ids=[1], completion_ids=[2], logp_mu=[0.0], reward=0.5, group_id=0, truncated=False)
+    assert plain.task_reward == 0.5
