@@ -240,13 +240,14 @@ class VLLMSampler:
         *,
         dtype: torch.dtype,
         seed: int,
-        max_model_len: int,
+        max_model_len: int | str | None,
         kv_cache_memory_bytes: int | None,
         gpu_memory_utilization: float,
         enable_prefix_caching: bool,
         sleep_during_train: bool,
         ignore_eos: bool = False,
         block_size: int | None = None,
+        max_len_needed: int | None = None,
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine must live in this process
         # Without OMP_NUM_THREADS the CPU engine drops torch (and so training) to one thread.
@@ -271,13 +272,15 @@ class VLLMSampler:
                 weights[engine_name(name)] = tensor.detach().contiguous().cpu()
         save_file(weights, os.path.join(self._folder.name, "model.safetensors"), metadata={"format": "pt"})
         tokenizer.save_pretrained(self._folder.name)
-        max_model_len = min(max_model_len, getattr(unwrap(model).config, "max_position_embeddings", max_model_len))
+        self.max_model_len = engine_max_model_len(
+            max_model_len, max_len_needed, getattr(unwrap(model).config, "max_position_embeddings", None)
+        )
         options = dict(
             model=self._folder.name,
             dtype=str(dtype).removeprefix("torch."),
             seed=seed,
             enforce_eager=True,
-            max_model_len=max_model_len,
+            max_model_len=self.max_model_len,
             enable_prefix_caching=enable_prefix_caching,
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
@@ -306,6 +309,13 @@ class VLLMSampler:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        longest = max((len(p) for p in prompts), default=0) + max_new_tokens
+        if longest > self.max_model_len:  # vLLM would end such completions early, as if they hit max_new_tokens
+            raise ConfigError(
+                f"a prompt of {longest - max_new_tokens} tokens plus max_new_tokens={max_new_tokens} needs "
+                f"{longest} tokens, but the engine holds sequences of {self.max_model_len} (sampler.max_model_len): "
+                f"set sampler.max_model_len={longest} or more, or lower task.max_new_tokens"
+            )
         self.wake_up()
         params = SamplingParams(
             n=n,
@@ -404,9 +414,50 @@ def _without_checkpoint_generation_config(model: torch.nn.Module):
         model.generation_config = saved
 
 
-def make_sampler(cfg, model: torch.nn.Module, tokenizer, compute_dtype: torch.dtype, seed: int) -> Sampler:
+def sequence_budget(prompts: list[list[int]], max_new_tokens: int) -> int:
+    """Tokens the longest sequence of a run takes: its longest prompt plus `max_new_tokens`."""
+    return max((len(p) for p in prompts), default=0) + max_new_tokens
+
+
+DEFAULT_MAX_MODEL_LEN = 2048  # `auto` when the caller does not say what its sequences need
+
+
+def engine_max_model_len(configured: int | str | None, needed: int | None, model_limit: int | None) -> int:
+    """The engine's sequence limit (prompt + completion tokens). `configured` is sampler.max_model_len:
+    `auto` (or None) takes `needed` (longest prompt + max_new_tokens), a number is checked against it.
+    A limit below `needed` would make vLLM end long completions early without saying so, so it is
+    refused, as is a `needed` beyond the model's own context (max_position_embeddings)."""
+    if needed is not None and model_limit is not None and needed > model_limit:
+        raise ConfigError(
+            f"the longest prompt plus task.max_new_tokens is {needed} tokens, more than the model's context of "
+            f"{model_limit} (max_position_embeddings): lower task.max_new_tokens or shorten the prompts"
+        )
+    if configured is None or configured == "auto":
+        if needed is not None:
+            return needed
+        return min(DEFAULT_MAX_MODEL_LEN, model_limit or DEFAULT_MAX_MODEL_LEN)
+    if not isinstance(configured, int) or configured < 1:
+        raise ConfigError(f"sampler.max_model_len={configured!r} must be auto or a positive number of tokens")
+    if needed is not None and configured < needed:
+        raise ConfigError(
+            f"sampler.max_model_len={configured} is shorter than the longest prompt plus task.max_new_tokens "
+            f"({needed} tokens), so the engine would cut those completions short: set sampler.max_model_len=auto "
+            f"(or >= {needed})"
+        )
+    return min(configured, model_limit) if model_limit else configured
+
+
+def make_sampler(
+    cfg,
+    model: torch.nn.Module,
+    tokenizer,
+    compute_dtype: torch.dtype,
+    seed: int,
+    max_len_needed: int | None = None,
+) -> Sampler:
     """The sampler named by `cfg.name`; `vllm` falls back to `hf`, with one warning line, where
-    vLLM cannot be imported."""
+    vLLM cannot be imported. `max_len_needed` (`sequence_budget` of the run's prompts) sizes the
+    engine's sequences when `cfg.max_model_len` is `auto`."""
     if cfg.name == "vllm":
         if importlib.util.find_spec("vllm") is None:
             warnings.warn(
@@ -427,6 +478,7 @@ def make_sampler(cfg, model: torch.nn.Module, tokenizer, compute_dtype: torch.dt
                 sleep_during_train=cfg.sleep_during_train,
                 ignore_eos=cfg.ignore_eos,
                 block_size=cfg.block_size,
+                max_len_needed=max_len_needed,
             )
     elif cfg.name != "hf":
         raise ConfigError(f"unknown sampler '{cfg.name}': choose sampler=vllm or sampler=hf")

@@ -42,7 +42,7 @@ from rapid.evaluate import evaluate
 from rapid.logger import MetricsLogger, write_run_files
 from rapid.models import load_model_and_tokenizer
 from rapid.policy import CompletionLogprobs, accumulate_gradients
-from rapid.sampler import make_sampler
+from rapid.sampler import make_sampler, sequence_budget
 from rapid.seeding import SFT_DATA_STREAM, SFT_ENGINE_STREAM, SFT_EVAL_STREAM, derive_seed
 from rapid.tasks import load_splits, record_id
 
@@ -128,7 +128,12 @@ def sft(cfg: DictConfig, run_dir: Path | None = None) -> dict:
     write_run_files(run_dir, cfg, device, data=str(data), examples=len(examples), reencoded=reencoded)
     print(OmegaConf.to_yaml(cfg, resolve=True))
     sampler = make_sampler(
-        cfg.sampler, model, tokenizer, compute_dtype, seed=derive_seed(cfg.seed, SFT_ENGINE_STREAM) % 2**31
+        cfg.sampler,
+        model,
+        tokenizer,
+        compute_dtype,
+        seed=derive_seed(cfg.seed, SFT_ENGINE_STREAM) % 2**31,
+        max_len_needed=sequence_budget(eval_prompts, t.max_new_tokens),
     )
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay, fused=True

@@ -135,3 +135,26 @@ def test_checkpoint_generation_config_does_not_change_the_sampled_distribution()
             ]
             ranks += (logits > logits.gather(-1, torch.tensor(r.completion_ids)[:, None])).sum(-1).tolist()
     assert max(ranks) >= 5, max(ranks)
+
+
+def test_engine_max_model_len_is_derived_from_the_longest_prompt_plus_max_new_tokens():
+    import pytest
+
+    from rapid.config import ConfigError
+    from rapid.sampler import engine_max_model_len, sequence_budget
+
+    # MATH at paper settings: a 300-token prompt + 2048 new tokens = 2348 > the old fixed 2048
+    needed = sequence_budget([[1] * 120, [1] * 300, [1] * 7], 2048)
+    assert needed == 2348
+    assert engine_max_model_len("auto", needed, 32768) == 2348
+    assert engine_max_model_len(None, needed, 32768) == 2348
+    assert engine_max_model_len(4096, needed, 32768) == 4096  # more room than needed is kept
+    assert engine_max_model_len(4096, None, 512) == 512  # never beyond the model's context
+    assert engine_max_model_len("auto", None, 512) == 512  # nothing known: min(2048, context)
+    assert engine_max_model_len("auto", None, 32768) == 2048
+    with pytest.raises(ConfigError, match="sampler.max_model_len=2048 is shorter .*2348 tokens"):
+        engine_max_model_len(2048, needed, 32768)  # the old default would have cut completions short
+    with pytest.raises(ConfigError, match="more than the model's context of 2048"):
+        engine_max_model_len("auto", needed, 2048)
+    with pytest.raises(ConfigError, match="must be auto or a positive number"):
+        engine_max_model_len("long", needed, 32768)

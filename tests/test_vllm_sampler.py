@@ -152,3 +152,17 @@ def test_ddp_two_ranks_one_engine_each(tmp_path):
     assert len(train) == 3 and max(r["train/grad_norm"] for r in train) > 0
     assert all(r["sampler/logprob_mismatch"] < 1e-3 for r in train), [r["sampler/logprob_mismatch"] for r in train]
     assert json.loads((run / "summary.json").read_text())["sampler"] == "vllm"
+
+
+def test_a_sequence_longer_than_the_engine_holds_is_refused_not_cut_short(engine):
+    """The engine holds 256 tokens a sequence; a 100-token prompt with 200 new tokens would come back
+    as a ~156-token completion marked "length", indistinguishable from one that hit max_new_tokens."""
+    from rapid.config import ConfigError
+
+    _, tok, sampler = engine
+    prompt = encode(tok, ["x" * 100])
+    assert len(prompt[0]) == 100
+    with pytest.raises(ConfigError, match="needs 300 tokens, but the engine holds sequences of 256"):
+        sampler.generate(prompt, n=1, max_new_tokens=200, temperature=T)
+    (c,) = sampler.generate(prompt, n=1, max_new_tokens=156, temperature=T)[0]  # exactly fits
+    assert c.finish_reason == "stop" or len(c.token_ids) == 156
