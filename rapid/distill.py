@@ -156,6 +156,7 @@ def distill(cfg: DictConfig, run_dir: Path | None = None) -> dict:
         "time/reward_s": clock["reward"],
         "time/total_s": time.perf_counter() - t_start,
     }
+    sampler.close()  # the teacher's engine goes before the student's starts (algorithm=sft)
     (run_dir / "distill_summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
     print(

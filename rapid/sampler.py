@@ -23,6 +23,7 @@ ranks, or on where a resumed run restarted. `temperature=0` is greedy decoding.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import os
 import tempfile
@@ -31,7 +32,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from safetensors.torch import save_file
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from rapid.config import ConfigError
@@ -69,6 +69,9 @@ class Sampler(Protocol):
 
     def sleep(self) -> None:
         """Release what the training phase needs more (the engine's memory); generate and sync_weights wake it."""
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (before another sampler starts in this process)."""
 
 
 def special_token_ids(model: torch.nn.Module, tokenizer) -> tuple[int, list[int]]:
@@ -135,6 +138,9 @@ class HFSampler:
 
     def wake_up(self) -> None:
         """Nothing to wake."""
+
+    def close(self) -> None:
+        """Nothing to shut down."""
 
     @torch.no_grad()
     def generate(
@@ -223,7 +229,8 @@ class HFSampler:
 class VLLMSampler:
     """A vLLM engine in this process, colocated with training (one per rank under DDP).
 
-    The engine starts from a copy of the training model written to a temporary folder, takes
+    The engine is built from the training model's config and tokenizer, its weights are then
+    loaded in place from the training model (nothing but the config is written to disk); it takes
     prompts as token ids, and returns one log-prob per sampled token at the sampling temperature
     (`logprobs_mode="processed_logprobs"`). `sync_weights` reloads the training weights into the
     running engine in place and resets its prefix cache. On CPU, per-request seeds are not
@@ -248,7 +255,9 @@ class VLLMSampler:
         ignore_eos: bool = False,
         block_size: int | None = None,
         max_len_needed: int | None = None,
+        enforce_eager: bool | str = "auto",
     ):
+        check_in_process_engine(os.environ)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine must live in this process
         # Without OMP_NUM_THREADS the CPU engine drops torch (and so training) to one thread.
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
@@ -261,25 +270,22 @@ class VLLMSampler:
         self.cuda = next(model.parameters()).is_cuda
         self.sleeping, self.sleep_during_train = False, sleep_during_train and self.cuda
         self.ignore_eos = ignore_eos  # every completion max_new_tokens long (throughput benchmarks)
+        self.external_launcher = int(os.environ.get("WORLD_SIZE", 1)) > 1
+        # The engine starts from the model's config and tokenizer only (kilobytes on disk): its weights
+        # are initialised as placeholders (load_format="dummy") and replaced by the training weights
+        # through the same in-place reload every round uses, so no copy of the model is written.
         self._folder = tempfile.TemporaryDirectory(prefix="rapid-vllm-")
-        # Every rank writes its own copy (transformers' save_pretrained writes weights on rank 0 only).
-        # A tied tensor is written once, under its first name (the input embedding), as checkpoints do.
         unwrap(model).config.save_pretrained(self._folder.name)
-        weights, seen = {}, set()
-        for name, tensor in unwrap(model).state_dict().items():
-            if tensor.data_ptr() not in seen:
-                seen.add(tensor.data_ptr())
-                weights[engine_name(name)] = tensor.detach().contiguous().cpu()
-        save_file(weights, os.path.join(self._folder.name, "model.safetensors"), metadata={"format": "pt"})
         tokenizer.save_pretrained(self._folder.name)
         self.max_model_len = engine_max_model_len(
             max_model_len, max_len_needed, getattr(unwrap(model).config, "max_position_embeddings", None)
         )
         options = dict(
             model=self._folder.name,
+            load_format="dummy",
             dtype=str(dtype).removeprefix("torch."),
             seed=seed,
-            enforce_eager=True,
+            enforce_eager=use_enforce_eager(enforce_eager, self.cuda),
             max_model_len=self.max_model_len,
             enable_prefix_caching=enable_prefix_caching,
             logprobs_mode="processed_logprobs",
@@ -287,7 +293,7 @@ class VLLMSampler:
         )
         if block_size:
             options.update(block_size=block_size)
-        if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        if self.external_launcher:
             # under torchrun: one engine per rank inside the existing process group (tensor parallel 1)
             options.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
         if self.cuda:
@@ -295,6 +301,7 @@ class VLLMSampler:
         else:
             options.update(kv_cache_memory_bytes=kv_cache_memory_bytes)
         self.llm = LLM(**options)
+        self.sync_weights(model)
 
     @torch.no_grad()
     def generate(
@@ -344,23 +351,75 @@ class VLLMSampler:
     @torch.no_grad()
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Push π_θ into the running engine: wrapper prefixes stripped, tied weights included
-        (`state_dict` lists them under both names), cast to the engine's dtype."""
-        self.wake_up()
+        (`state_dict` lists them under both names), cast to the engine's dtype.
+
+        A sleeping engine wakes in the order that does not run out of GPU memory (as TRL's colocate
+        mode does): free the allocator's cached blocks, wake the weights, load the new ones, and only
+        then wake the KV cache, the large allocation."""
+        asleep = self.sleeping
+        if asleep:
+            free_device_cache()
+            self.llm.wake_up(tags=["weights"])
         weights = [
             (engine_name(name), tensor.detach().to(self.dtype)) for name, tensor in unwrap(model).state_dict().items()
         ]
         reload_engine_weights(self.llm, weights)
+        del weights
+        if asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.sleeping = False
 
     def sleep(self) -> None:
-        """Free the engine's GPU memory during the training phase (`sampler.sleep_during_train`)."""
+        """Free the engine's GPU memory during the training phase (`sampler.sleep_during_train`): the
+        weights go to host memory, the KV cache is dropped. No-op on CPU."""
         if self.sleep_during_train and not self.sleeping:
             self.llm.sleep(level=1)
             self.sleeping = True
 
     def wake_up(self) -> None:
         if self.sleeping:
+            free_device_cache()
             self.llm.wake_up()
             self.sleeping = False
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory, so that the next engine of this process (a Hydra
+        multirun's next job, rapid.sft after rapid.distill) starts on an empty device."""
+        if self.llm is None:
+            return
+        shutdown_engine(self.llm, keep_process_group=self.external_launcher)
+        self.llm = None
+        free_device_cache()
+        self._folder.cleanup()
+
+
+def free_device_cache() -> None:
+    """Collect garbage and hand the CUDA allocator's cached blocks back (nothing to do on CPU)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def use_enforce_eager(setting: bool | str, cuda: bool) -> bool:
+    """sampler.enforce_eager: `auto` captures CUDA graphs on a GPU (the in-place weight reload writes
+    into the tensors the graphs read, so they stay valid) and runs eagerly on CPU, where vLLM has no
+    graphs; true / false force it."""
+    if setting == "auto":
+        return not cuda
+    if isinstance(setting, bool):
+        return setting
+    raise ConfigError(f"sampler.enforce_eager={setting!r} must be auto, true or false")
+
+
+def check_in_process_engine(environ) -> None:
+    """rapid reloads weights into the engine through its in-process model runner: a user's
+    VLLM_ENABLE_V1_MULTIPROCESSING=1 would put the engine in another process, out of reach."""
+    value = environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    if value is not None and value.strip() not in ("0", "false", "False"):
+        raise ConfigError(
+            f"VLLM_ENABLE_V1_MULTIPROCESSING={value} runs the vLLM engine in a separate process, where rapid's "
+            "in-place weight sync cannot reach it: unset it or set it to 0 (rapid sets 0 when it is unset)"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,6 +452,19 @@ def check_vllm_version() -> None:
             f"vLLM {vllm.__version__} is installed, but rapid's in-place weight sync supports vLLM {a}.{b} to "
             f"{c}.{d} ({VLLM_TESTED}): install one of those (make install does) or use sampler=hf"
         )
+
+
+def shutdown_engine(llm, keep_process_group: bool) -> None:
+    """Stop the in-process engine core and drop vLLM's parallel groups (a next engine makes its own).
+    Under torchrun (`keep_process_group`) the world group is rapid's and stays."""
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    core = getattr(llm.llm_engine, "engine_core", None)
+    if core is not None:
+        core.shutdown()
+    destroy_model_parallel()
+    if not keep_process_group:
+        destroy_distributed_environment()
 
 
 def reload_engine_weights(llm, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -493,6 +565,7 @@ def make_sampler(
                 ignore_eos=cfg.ignore_eos,
                 block_size=cfg.block_size,
                 max_len_needed=max_len_needed,
+                enforce_eager=cfg.get("enforce_eager", "auto"),
             )
     elif cfg.name != "hf":
         raise ConfigError(f"unknown sampler '{cfg.name}': choose sampler=vllm or sampler=hf")

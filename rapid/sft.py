@@ -250,6 +250,7 @@ def sft(cfg: DictConfig, run_dir: Path | None = None) -> dict:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
     logger.close()
+    sampler.close()  # the engine's memory back before another run of this process
     return summary
 
 

@@ -581,6 +581,7 @@ def train(cfg: DictConfig) -> dict:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print0(json.dumps(summary, indent=2))
     logger.close()
+    sampler.close()  # the engine's memory back before another run of this process (Hydra multirun)
     return summary
 
 

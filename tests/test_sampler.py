@@ -158,3 +158,30 @@ def test_engine_max_model_len_is_derived_from_the_longest_prompt_plus_max_new_to
         engine_max_model_len("auto", needed, 2048)
     with pytest.raises(ConfigError, match="must be auto or a positive number"):
         engine_max_model_len("long", needed, 32768)
+
+
+def test_enforce_eager_only_on_cpu_unless_forced():
+    import pytest
+
+    from rapid.config import ConfigError
+    from rapid.sampler import use_enforce_eager
+
+    assert use_enforce_eager("auto", cuda=True) is False  # CUDA graphs on a GPU
+    assert use_enforce_eager("auto", cuda=False) is True  # vLLM's CPU engine runs eagerly
+    assert use_enforce_eager(True, cuda=True) is True and use_enforce_eager(False, cuda=False) is False
+    with pytest.raises(ConfigError, match="sampler.enforce_eager='sometimes' must be auto, true or false"):
+        use_enforce_eager("sometimes", cuda=True)
+
+
+def test_a_multiprocessing_engine_is_refused_in_one_sentence():
+    """VLLM_ENABLE_V1_MULTIPROCESSING=1 puts the engine in another process, where the in-place weight
+    reload cannot reach it: refused before an engine starts, rather than overridden silently."""
+    import pytest
+
+    from rapid.config import ConfigError
+    from rapid.sampler import check_in_process_engine
+
+    with pytest.raises(ConfigError, match="VLLM_ENABLE_V1_MULTIPROCESSING=1 runs the vLLM engine in a separate"):
+        check_in_process_engine({"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    check_in_process_engine({})  # unset: rapid sets 0
+    check_in_process_engine({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})

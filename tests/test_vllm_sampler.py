@@ -166,3 +166,58 @@ def test_a_sequence_longer_than_the_engine_holds_is_refused_not_cut_short(engine
         sampler.generate(prompt, n=1, max_new_tokens=200, temperature=T)
     (c,) = sampler.generate(prompt, n=1, max_new_tokens=156, temperature=T)[0]  # exactly fits
     assert c.finish_reason == "stop" or len(c.token_ids) == 156
+
+
+class RecordingEngine:
+    """The real engine, with its sleep / wake_up calls recorded instead of run (the CPU engine has no
+    sleep mode) and the weight reload's prefix-cache reset recorded as it runs."""
+
+    def __init__(self, llm, calls):
+        self._llm, self.calls = llm, calls
+
+    def sleep(self, level):
+        self.calls.append(f"sleep(level={level})")
+
+    def wake_up(self, tags=None):
+        self.calls.append(f"wake_up({tags})")
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache (end of the weight reload)")
+        return self._llm.reset_prefix_cache()
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+
+def test_a_sleeping_engine_wakes_in_the_order_that_fits(engine, monkeypatch):
+    """Colocated on a GPU the engine sleeps while the policy trains; waking it all at once beside the
+    optimizer's memory is what runs out of memory. The order (TRL's): empty the CUDA cache, wake the
+    weights, load the new ones, then wake the KV cache."""
+    import rapid.sampler
+
+    model, tok, sampler = engine
+    calls = []
+    monkeypatch.setattr(rapid.sampler, "free_device_cache", lambda: calls.append("gc.collect + empty_cache"))
+    monkeypatch.setattr(sampler, "llm", RecordingEngine(sampler.llm, calls))
+    monkeypatch.setattr(sampler, "sleep_during_train", True)
+    sampler.sleep()
+    sampler.sleep()  # asleep already: nothing more
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.5)  # the training phase moved the weights (tied: the embedding too)
+    sampler.sync_weights(model)
+    assert calls == [
+        "sleep(level=1)",
+        "gc.collect + empty_cache",
+        "wake_up(['weights'])",
+        "reset_prefix_cache (end of the weight reload)",
+        "wake_up(['kv_cache'])",
+    ]
+    assert not sampler.sleeping
+    prompts = encode(tok, PROMPTS)  # and the engine really samples from the synced weights
+    groups = sampler.generate(prompts, n=2, max_new_tokens=12, temperature=T)
+    trainer, batch = trainer_vs_engine(model, tok, groups, prompts)
+    assert (trainer - batch.logp_mu).abs()[batch.completion_mask].max() < 1e-4
+    calls.clear()
+    sampler.sleep()
+    sampler.generate(prompts[:1], n=1, max_new_tokens=4, temperature=T)  # generate wakes everything at once
+    assert calls == ["sleep(level=1)", "gc.collect + empty_cache", "wake_up(None)"]
