@@ -23,6 +23,7 @@ ranks, or on where a resumed run restarted. `temperature=0` is greedy decoding.
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import importlib.util
 import os
@@ -275,7 +276,7 @@ class VLLMSampler:
         # are initialised as placeholders (load_format="dummy") and replaced by the training weights
         # through the same in-place reload every round uses, so no copy of the model is written.
         self._folder = tempfile.TemporaryDirectory(prefix="rapid-vllm-")
-        unwrap(model).config.save_pretrained(self._folder.name)
+        write_engine_config(unwrap(model), self._folder.name)
         tokenizer.save_pretrained(self._folder.name)
         self.max_model_len = engine_max_model_len(
             max_model_len, max_len_needed, getattr(unwrap(model).config, "max_position_embeddings", None)
@@ -391,6 +392,15 @@ class VLLMSampler:
         self.llm = None
         free_device_cache()
         self._folder.cleanup()
+
+
+def write_engine_config(model: torch.nn.Module, folder: str) -> None:
+    """The model's config.json, naming the training model's class as its architecture: a config built
+    in memory has none, and vLLM then picks by model_type, which for gemma3_text is the embedding
+    model (whose weights have no `model.` prefix, so the first sync fails)."""
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(folder)
 
 
 def free_device_cache() -> None:
