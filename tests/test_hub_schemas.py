@@ -4,6 +4,8 @@ a schema mistake fails here rather than at the start of a GPU run."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from rapid.config import ConfigError
@@ -125,3 +127,75 @@ def test_mbppplus_hub_test_code_that_is_not_literal_is_refused():
     bad = {**HUB_RECORDS[1], "test": hub_test("import os", "[[os.getcwd()]]", "[0]", 0)}
     with pytest.raises(ConfigError, match="task 17: its test inputs hold Call, not a literal"):
         mbppplus_from_hub(bad)
+
+
+def write_splits(folder, splits: dict[str, list[dict]]):
+    (folder / "data").mkdir(parents=True)
+    for split, records in splits.items():
+        pq.write_table(pa.Table.from_pylist(records), folder / "data" / f"{split}-00000-of-00001.parquet")
+    return folder
+
+
+def math_record(i: int, answer: str) -> dict:
+    """nlile/hendrycks-MATH-benchmark and HuggingFaceH4/MATH-500: problem, solution, answer, subject,
+    level (int64), unique_id."""
+    return {
+        "problem": f"What is ${i} + {i}$?",
+        "solution": f"${i} + {i} = \\boxed{{{answer}}}$.",
+        "answer": answer,
+        "subject": "Prealgebra",
+        "level": 1,
+        "unique_id": f"train/prealgebra/{i}.json",
+    }
+
+
+def test_math_reads_the_hub_train_and_test_schema(tmp_path, monkeypatch):
+    from rapid.tasks import math
+
+    assert math.HUB["train"] == "nlile/hendrycks-MATH-benchmark@train"  # 12,000 train / 500 test on the Hub
+    folder = write_splits(
+        tmp_path / "math", {"train": [math_record(i, str(2 * i)) for i in range(3)], "test": [math_record(9, "18")]}
+    )
+    monkeypatch.setattr(math, "HUB", {"train": f"{folder}@train", "test": f"{folder}@test"})
+    monkeypatch.delenv("RAPID_DATA_DIR", raising=False)
+    train, test = math.load("train"), math.load("test")
+    assert [r["answer"] for r in train] == ["0", "2", "4"] and test[0]["level"] == 1
+    assert math.reward("so the answer is \\boxed{18}", test[0]) == 1.0
+    assert math.reward("so the answer is \\boxed{17}", test[0]) == 0.0
+
+
+def minif2f_record(name: str, split: str) -> dict:
+    """DeepSeek-Prover's minif2f.jsonl fields, which rapid.tasks.minif2f reads."""
+    return {
+        "name": name,
+        "split": split,
+        "informal_prefix": "/-- Show that 1 + 1 = 2. -/\n",
+        "formal_statement": f"theorem {name} : (1 : ℕ) + 1 = 2 := by\n",
+        "goal": "⊢ 1 + 1 = 2",
+        "header": "import Mathlib\n\n",
+    }
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_minif2f_hub_splits_must_be_different_problems(tmp_path, monkeypatch, shared):
+    from rapid.tasks import minif2f
+
+    bin_dir, project = tmp_path / "bin", tmp_path / "project"
+    bin_dir.mkdir()
+    project.mkdir()
+    (project / "lakefile.lean").write_text("-- a Lake project\n")
+    (bin_dir / "lake").write_text("#!/bin/sh\nexit 0\n")  # load only checks that a toolchain is there
+    (bin_dir / "lake").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    valid = [minif2f_record(f"mathd_algebra_{i}", "valid") for i in range(3)]
+    test = [minif2f_record(f"amc12_{i}", "test") for i in range(2)] + (valid[:1] if shared else [])
+    folder = write_splits(tmp_path / "minif2f", {"valid": valid, "test": test})
+    monkeypatch.setattr(minif2f, "HUB", {"train": f"{folder}@valid", "test": f"{folder}@test"})
+    monkeypatch.delenv("RAPID_DATA_DIR", raising=False)
+    config = {"project_dir": str(project), "lake": "lake"}
+    if shared:
+        with pytest.raises(ConfigError, match="share 1 of 3 theorems \\(e.g. mathd_algebra_0\\)"):
+            minif2f.load("train", lean=config)
+    else:
+        assert [r["name"] for r in minif2f.load("train", lean=config)] == [r["name"] for r in valid]
+        assert len(minif2f.load("test", lean=config)) == 2

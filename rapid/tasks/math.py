@@ -28,7 +28,9 @@ from rapid.tasks.datasets import load_split, require_fields
 from rapid.tasks.grading import SYMBOLIC, last_boxed, parse_number
 
 FILES = {"train": "math/train_12k.jsonl", "test": "math500/test.jsonl"}
-HUB = {"train": "zzy1123/MATH_train_test_split@train", "test": "HuggingFaceH4/MATH-500@test"}
+# nlile/hendrycks-MATH-benchmark: the 12,000-problem train split of "Let's Verify Step by Step" (MATH minus
+# MATH-500), fields problem, solution, answer, subject, level, unique_id, as HuggingFaceH4/MATH-500's
+HUB = {"train": "nlile/hendrycks-MATH-benchmark@train", "test": "HuggingFaceH4/MATH-500@test"}
 DROPPED: dict[str, int] = {}  # split -> records dropped for an empty answer, by the last load
 MAX_SYMBOLIC_CHARS = 400  # longer answers are not sent to sympy (string compare only)
 
