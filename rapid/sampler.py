@@ -106,9 +106,10 @@ class _SampleAndRecord(LogitsProcessor):
                 )
                 logp = logp - logp.logsumexp(-1, keepdim=True)
             # argmax(log p - log E), E ~ Exp(1) iid, is an exact sample from p.
-            noise = torch.stack([torch.empty(scores.shape[-1]).exponential_(generator=g) for g in self.generators]).to(
-                scores.device
-            )
+            # drawn where each generator lives: the model's device (no [B, V] host-to-GPU copy per token)
+            noise = torch.stack(
+                [torch.empty(scores.shape[-1], device=g.device).exponential_(generator=g) for g in self.generators]
+            ).to(scores.device)
             chosen = logp - noise.log()
         self.logprobs.append(logp.gather(-1, chosen.argmax(-1, keepdim=True)).squeeze(-1))
         return chosen
@@ -164,7 +165,12 @@ class HFSampler:
                 chunk = range(start, min(start + per_call, len(prompts)))
                 gens = None
                 if temperature > 0:
-                    gens = [torch.Generator().manual_seed(derive_seed(seeds[i], j)) for i in chunk for j in range(n)]
+                    device = next(self.model.parameters()).device
+                    gens = [
+                        torch.Generator(device=device).manual_seed(derive_seed(seeds[i], j))
+                        for i in chunk
+                        for j in range(n)
+                    ]
                 flat = self._generate_groups([prompts[i] for i in chunk], n, max_new_tokens, temperature, gens, top_p)
                 out += [flat[k * n : (k + 1) * n] for k in range(len(chunk))]
         finally:
