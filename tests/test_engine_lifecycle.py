@@ -29,3 +29,29 @@ def test_two_runs_in_one_process_each_free_their_engine(tmp_path):
         assert len(mismatch) == 3 and max(mismatch) < 1e-3, mismatch
     first, second = (s["mem/generate_rss_mib_max"] for s in summaries)
     assert second - first < 256, (first, second)  # the first engine's 1 GiB KV cache is gone
+
+
+def test_algorithm_sft_distils_and_trains_with_one_engine_at_a_time(tmp_path):
+    """`algorithm=sft` with sampler=vllm: the teacher's engine (rapid.distill) is shut down before the
+    student's (rapid.sft) starts, in the same process."""
+    from tests.test_sft import launch
+
+    run = tmp_path / "run"
+    proc = launch(
+        "rapid.train",
+        [
+            "+experiment=smoke",
+            "algorithm=sft",
+            "sampler=vllm",
+            "model.dtype=float32",
+            "algorithm.distill.n_prompts=16",
+            "algorithm.distill.chunk=8",
+            "algorithm.sft.epochs=1",
+            f"hydra.run.dir={run}",
+        ],
+        tmp_path,
+    )
+    assert "Traceback" not in proc.stdout
+    assert json.loads((run / "distill" / "distill_summary.json").read_text())["sampler"] == "vllm"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["sampler"] == "vllm" and summary["distill"]["prompts"] == 16
