@@ -69,7 +69,7 @@ from rapid.data import PromptStream
 from rapid.evaluate import evaluate
 from rapid.models import load_model_and_tokenizer, unwrap
 from rapid.rewards import score
-from rapid.sampler import make_sampler
+from rapid.sampler import make_sampler, sequence_budget
 from rapid.seeding import ENGINE_STREAM, EVAL_STREAM, PROMPT_STREAM, derive_seed
 from rapid.tasks import load_splits
 
@@ -318,8 +318,13 @@ def main(argv: list[str] | None = None) -> dict:
     policy = unwrap(trainer.model)
     t1 = time.perf_counter()
     sampler = make_sampler(
-        cfg.sampler, policy, tokenizer, DTYPES[cfg.model.dtype], seed=derive_seed(cfg.seed, ENGINE_STREAM, 0) % 2**31
-    )  # rank 0's seed in rapid, on every rank
+        cfg.sampler,
+        policy,
+        tokenizer,
+        DTYPES[cfg.model.dtype],
+        seed=derive_seed(cfg.seed, ENGINE_STREAM, 0) % 2**31,  # rank 0's seed in rapid, on every rank
+        max_len_needed=sequence_budget(eval_prompts, cfg.task.max_new_tokens),
+    )
     final = evaluate(
         sampler,
         task,
