@@ -217,8 +217,7 @@ def sft(cfg: DictConfig, run_dir: Path | None = None) -> dict:
                 window = {"nll": 0.0, "tokens": 0, "t0": time.perf_counter()}
         last = epoch + 1 == s.epochs
         if (cfg.eval.every and (epoch + 1) % cfg.eval.every == 0) or last:
-            sampler.wake_up()
-            sampler.sync_weights(model)  # the new weights go to the sampler (vLLM), in place
+            sampler.sync_weights(model)  # the new weights go to the sampler (vLLM), in place; it wakes the engine
             final = run_eval(epoch + 1)
             sampler.sleep()
     bar.close()
