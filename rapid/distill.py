@@ -38,7 +38,7 @@ from rapid.config import ConfigError, exit_on_config_error, resolve_dtype
 from rapid.logger import write_run_files
 from rapid.models import load_model_and_tokenizer
 from rapid.rewards import score
-from rapid.sampler import make_sampler
+from rapid.sampler import make_sampler, sequence_budget
 from rapid.seeding import DISTILL_ENGINE_STREAM, DISTILL_SAMPLE_STREAM, derive_seed
 from rapid.tasks import get_task, record_id
 
@@ -93,6 +93,7 @@ def distill(cfg: DictConfig, run_dir: Path | None = None) -> dict:
         tokenizer,
         resolve_dtype(teacher_cfg.dtype, device),
         seed=derive_seed(cfg.seed, DISTILL_ENGINE_STREAM) % 2**31,
+        max_len_needed=sequence_budget(prompts, t.max_new_tokens),
     )
 
     t_start = time.perf_counter()
@@ -155,6 +156,7 @@ def distill(cfg: DictConfig, run_dir: Path | None = None) -> dict:
         "time/reward_s": clock["reward"],
         "time/total_s": time.perf_counter() - t_start,
     }
+    sampler.close()  # the teacher's engine goes before the student's starts (algorithm=sft)
     (run_dir / "distill_summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
     print(

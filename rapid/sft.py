@@ -42,7 +42,7 @@ from rapid.evaluate import evaluate
 from rapid.logger import MetricsLogger, write_run_files
 from rapid.models import load_model_and_tokenizer
 from rapid.policy import CompletionLogprobs, accumulate_gradients
-from rapid.sampler import make_sampler
+from rapid.sampler import make_sampler, sequence_budget
 from rapid.seeding import SFT_DATA_STREAM, SFT_ENGINE_STREAM, SFT_EVAL_STREAM, derive_seed
 from rapid.tasks import load_splits, record_id
 
@@ -128,7 +128,12 @@ def sft(cfg: DictConfig, run_dir: Path | None = None) -> dict:
     write_run_files(run_dir, cfg, device, data=str(data), examples=len(examples), reencoded=reencoded)
     print(OmegaConf.to_yaml(cfg, resolve=True))
     sampler = make_sampler(
-        cfg.sampler, model, tokenizer, compute_dtype, seed=derive_seed(cfg.seed, SFT_ENGINE_STREAM) % 2**31
+        cfg.sampler,
+        model,
+        tokenizer,
+        compute_dtype,
+        seed=derive_seed(cfg.seed, SFT_ENGINE_STREAM) % 2**31,
+        max_len_needed=sequence_budget(eval_prompts, t.max_new_tokens),
     )
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay, fused=True
@@ -212,8 +217,7 @@ def sft(cfg: DictConfig, run_dir: Path | None = None) -> dict:
                 window = {"nll": 0.0, "tokens": 0, "t0": time.perf_counter()}
         last = epoch + 1 == s.epochs
         if (cfg.eval.every and (epoch + 1) % cfg.eval.every == 0) or last:
-            sampler.wake_up()
-            sampler.sync_weights(model)  # the new weights go to the sampler (vLLM), in place
+            sampler.sync_weights(model)  # the new weights go to the sampler (vLLM), in place; it wakes the engine
             final = run_eval(epoch + 1)
             sampler.sleep()
     bar.close()
@@ -245,6 +249,7 @@ def sft(cfg: DictConfig, run_dir: Path | None = None) -> dict:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
     logger.close()
+    sampler.close()  # the engine's memory back before another run of this process
     return summary
 
 

@@ -74,7 +74,7 @@ from rapid.policy import (
 )
 from rapid.profiling import PhaseClock
 from rapid.rewards import score, self_test
-from rapid.sampler import make_sampler
+from rapid.sampler import make_sampler, sequence_budget
 from rapid.seeding import BUFFER_STREAM, ENGINE_STREAM, EVAL_STREAM, PROMPT_STREAM, SAMPLE_STREAM, derive_seed
 from rapid.sft import distill_and_sft
 from rapid.tasks import load_splits, record_id
@@ -242,7 +242,12 @@ def train(cfg: DictConfig) -> dict:
         )
     print0(OmegaConf.to_yaml(cfg, resolve=True))
     sampler = make_sampler(
-        cfg.sampler, model, tokenizer, compute_dtype, seed=derive_seed(cfg.seed, ENGINE_STREAM, rank) % 2**31
+        cfg.sampler,
+        model,
+        tokenizer,
+        compute_dtype,
+        seed=derive_seed(cfg.seed, ENGINE_STREAM, rank) % 2**31,
+        max_len_needed=sequence_budget(train_prompts + eval_prompts, t.max_new_tokens),
     )
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=True
@@ -569,6 +574,7 @@ def train(cfg: DictConfig) -> dict:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print0(json.dumps(summary, indent=2))
     logger.close()
+    sampler.close()  # the engine's memory back before another run of this process (Hydra multirun)
     return summary
 
 

@@ -135,3 +135,53 @@ def test_checkpoint_generation_config_does_not_change_the_sampled_distribution()
             ]
             ranks += (logits > logits.gather(-1, torch.tensor(r.completion_ids)[:, None])).sum(-1).tolist()
     assert max(ranks) >= 5, max(ranks)
+
+
+def test_engine_max_model_len_is_derived_from_the_longest_prompt_plus_max_new_tokens():
+    import pytest
+
+    from rapid.config import ConfigError
+    from rapid.sampler import engine_max_model_len, sequence_budget
+
+    # MATH at paper settings: a 300-token prompt + 2048 new tokens = 2348 > the old fixed 2048
+    needed = sequence_budget([[1] * 120, [1] * 300, [1] * 7], 2048)
+    assert needed == 2348
+    assert engine_max_model_len("auto", needed, 32768) == 2348
+    assert engine_max_model_len(None, needed, 32768) == 2348
+    assert engine_max_model_len(4096, needed, 32768) == 4096  # more room than needed is kept
+    assert engine_max_model_len(4096, None, 512) == 512  # never beyond the model's context
+    assert engine_max_model_len("auto", None, 512) == 512  # nothing known: min(2048, context)
+    assert engine_max_model_len("auto", None, 32768) == 2048
+    with pytest.raises(ConfigError, match="sampler.max_model_len=2048 is shorter .*2348 tokens"):
+        engine_max_model_len(2048, needed, 32768)  # the old default would have cut completions short
+    with pytest.raises(ConfigError, match="more than the model's context of 2048"):
+        engine_max_model_len("auto", needed, 2048)
+    with pytest.raises(ConfigError, match="must be auto or a positive number"):
+        engine_max_model_len("long", needed, 32768)
+
+
+def test_enforce_eager_only_on_cpu_unless_forced():
+    import pytest
+
+    from rapid.config import ConfigError
+    from rapid.sampler import use_enforce_eager
+
+    assert use_enforce_eager("auto", cuda=True) is False  # CUDA graphs on a GPU
+    assert use_enforce_eager("auto", cuda=False) is True  # vLLM's CPU engine runs eagerly
+    assert use_enforce_eager(True, cuda=True) is True and use_enforce_eager(False, cuda=False) is False
+    with pytest.raises(ConfigError, match="sampler.enforce_eager='sometimes' must be auto, true or false"):
+        use_enforce_eager("sometimes", cuda=True)
+
+
+def test_a_multiprocessing_engine_is_refused_in_one_sentence():
+    """VLLM_ENABLE_V1_MULTIPROCESSING=1 puts the engine in another process, where the in-place weight
+    reload cannot reach it: refused before an engine starts, rather than overridden silently."""
+    import pytest
+
+    from rapid.config import ConfigError
+    from rapid.sampler import check_in_process_engine
+
+    with pytest.raises(ConfigError, match="VLLM_ENABLE_V1_MULTIPROCESSING=1 runs the vLLM engine in a separate"):
+        check_in_process_engine({"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    check_in_process_engine({})  # unset: rapid sets 0
+    check_in_process_engine({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})

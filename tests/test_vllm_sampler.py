@@ -152,3 +152,84 @@ def test_ddp_two_ranks_one_engine_each(tmp_path):
     assert len(train) == 3 and max(r["train/grad_norm"] for r in train) > 0
     assert all(r["sampler/logprob_mismatch"] < 1e-3 for r in train), [r["sampler/logprob_mismatch"] for r in train]
     assert json.loads((run / "summary.json").read_text())["sampler"] == "vllm"
+
+
+def test_a_sequence_longer_than_the_engine_holds_is_refused_not_cut_short(engine):
+    """The engine holds 256 tokens a sequence; a 100-token prompt with 200 new tokens would come back
+    as a ~156-token completion marked "length", indistinguishable from one that hit max_new_tokens."""
+    from rapid.config import ConfigError
+
+    _, tok, sampler = engine
+    prompt = encode(tok, ["x" * 100])
+    assert len(prompt[0]) == 100
+    with pytest.raises(ConfigError, match="needs 300 tokens, but the engine holds sequences of 256"):
+        sampler.generate(prompt, n=1, max_new_tokens=200, temperature=T)
+    (c,) = sampler.generate(prompt, n=1, max_new_tokens=156, temperature=T)[0]  # exactly fits
+    assert c.finish_reason == "stop" or len(c.token_ids) == 156
+
+
+class RecordingEngine:
+    """The real engine, with its sleep / wake_up calls recorded instead of run (the CPU engine has no
+    sleep mode) and the weight reload's prefix-cache reset recorded as it runs."""
+
+    def __init__(self, llm, calls):
+        self._llm, self.calls = llm, calls
+
+    def sleep(self, level):
+        self.calls.append(f"sleep(level={level})")
+
+    def wake_up(self, tags=None):
+        self.calls.append(f"wake_up({tags})")
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache (end of the weight reload)")
+        return self._llm.reset_prefix_cache()
+
+    def __getattr__(self, name):
+        return getattr(self._llm, name)
+
+
+def test_a_sleeping_engine_wakes_in_the_order_that_fits(engine, monkeypatch):
+    """Colocated on a GPU the engine sleeps while the policy trains; waking it all at once beside the
+    optimizer's memory is what runs out of memory. The order (TRL's): empty the CUDA cache, wake the
+    weights, load the new ones, then wake the KV cache."""
+    import rapid.sampler
+
+    model, tok, sampler = engine
+    calls = []
+    monkeypatch.setattr(rapid.sampler, "free_device_cache", lambda: calls.append("gc.collect + empty_cache"))
+    monkeypatch.setattr(sampler, "llm", RecordingEngine(sampler.llm, calls))
+    monkeypatch.setattr(sampler, "sleep_during_train", True)
+    sampler.sleep()
+    sampler.sleep()  # asleep already: nothing more
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.5)  # the training phase moved the weights (tied: the embedding too)
+    sampler.sync_weights(model)
+    assert calls == [
+        "sleep(level=1)",
+        "gc.collect + empty_cache",
+        "wake_up(['weights'])",
+        "reset_prefix_cache (end of the weight reload)",
+        "wake_up(['kv_cache'])",
+    ]
+    assert not sampler.sleeping
+    prompts = encode(tok, PROMPTS)  # and the engine really samples from the synced weights
+    groups = sampler.generate(prompts, n=2, max_new_tokens=12, temperature=T)
+    trainer, batch = trainer_vs_engine(model, tok, groups, prompts)
+    assert (trainer - batch.logp_mu).abs()[batch.completion_mask].max() < 1e-4
+    calls.clear()
+    sampler.sleep()
+    sampler.generate(prompts[:1], n=1, max_new_tokens=4, temperature=T)  # generate wakes everything at once
+    assert calls == ["sleep(level=1)", "gc.collect + empty_cache", "wake_up(None)"]
+
+
+def test_the_engine_starts_without_a_copy_of_the_model_on_disk(engine):
+    """The engine's folder holds the config and tokenizer only: its weights came in place from the
+    training model (a per-rank fp32 copy of a 1.5B model was 6 GB in /tmp)."""
+    from pathlib import Path
+
+    _, _, sampler = engine
+    files = sorted(p.name for p in Path(sampler._folder.name).iterdir())
+    assert "config.json" in files
+    assert not [f for f in files if f.endswith((".safetensors", ".bin"))], files
+    assert json.loads((Path(sampler._folder.name) / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]

@@ -20,8 +20,9 @@ generating and training:
   picks TRL's loss_type;
 - AdamW (torch), lr, betas, weight decay, gradient clipping, lr schedule and warmup, seed, dtype.
 
-Where TRL differs by design: it samples with transformers `generate` on the training model (rapid's
-sampler=vllm uses its vLLM engine), with the global torch RNG; its forwards run every row in full
+Where TRL differs by design: on CPU it samples with transformers `generate` on the training model
+(rapid's sampler=vllm uses its vLLM engine), with the global torch RNG; on a GPU with sampler=vllm it
+samples with its own colocated vLLM engine (`generation_backend`); its forwards run every row in full
 (rapid's run a group's shared prompt once); it shuffles a generation batch before splitting it into
 minibatches (rapid keeps every group whole in one minibatch); its warmup ramps from 0 (rapid's from
 1 / warmup_steps); its weight decay skips biases and norms. With the defaults (no warmup, no weight
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -67,7 +69,7 @@ from rapid.data import PromptStream
 from rapid.evaluate import evaluate
 from rapid.models import load_model_and_tokenizer, unwrap
 from rapid.rewards import score
-from rapid.sampler import make_sampler
+from rapid.sampler import make_sampler, sequence_budget
 from rapid.seeding import ENGINE_STREAM, EVAL_STREAM, PROMPT_STREAM, derive_seed
 from rapid.tasks import load_splits
 
@@ -100,6 +102,22 @@ def prompt_texts(tokenizer, prompts: list[list[int]]) -> list[str]:
     return texts
 
 
+def generation_backend(sampler: DictConfig, use_cpu: bool, vllm_installed: bool) -> dict:
+    """How TRL generates: on a GPU with sampler=vllm, as TRL's users run it there, a vLLM engine colocated
+    with training (vllm_mode="colocate"), sized and put to sleep as rapid's engine is, with TRL's own
+    correction of the engine's log-probs (its default); otherwise transformers `generate` on the policy
+    (TRL's colocate engine needs CUDA)."""
+    if use_cpu or sampler.name != "vllm" or not vllm_installed:
+        return {"use_vllm": False, "vllm_importance_sampling_correction": False}  # the correction needs vLLM
+    return {
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+        "vllm_gpu_memory_utilization": sampler.gpu_memory_utilization,
+        "vllm_enable_sleep_mode": bool(sampler.get("sleep_during_train", False)),
+        "vllm_importance_sampling_correction": True,
+    }
+
+
 def grpo_options(cfg: DictConfig, world: int, use_cpu: bool, out: Path) -> dict:
     """GRPOConfig options of the run `cfg` describes (field names of TRL 1.16)."""
     a, o = cfg.algorithm, cfg.optim
@@ -120,9 +138,8 @@ def grpo_options(cfg: DictConfig, world: int, use_cpu: bool, out: Path) -> dict:
         top_k=0,
         min_p=None,
         repetition_penalty=1.0,
-        use_vllm=False,
         generation_kwargs={"min_new_tokens": cfg.task.max_new_tokens} if cfg.sampler.get("ignore_eos") else None,
-        vllm_importance_sampling_correction=False,  # corrects vLLM-vs-trainer log-probs: only with use_vllm
+        **generation_backend(cfg.sampler, use_cpu, importlib.util.find_spec("vllm") is not None),
         # the loss
         loss_type=LOSS_TYPES[a.aggregation],
         beta=a.get("kl_coef", 0.0),
@@ -266,7 +283,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"TRL {trl.__version__} GRPOConfig options:")
         for key, value in options.items():
             print(f"  {key} = {value!r}")
-        print("  (vllm_importance_sampling_correction applies only to vLLM generation, use_vllm=True; off here)")
+        if not options["use_vllm"]:
+            print("  (vllm_importance_sampling_correction applies only to vLLM generation, use_vllm=True; off here)")
 
     with tempfile.TemporaryDirectory(prefix="trl-grpo-reference-") as reference_dir:
         if options["beta"] > 0 and not model.name_or_path:
@@ -300,8 +318,13 @@ def main(argv: list[str] | None = None) -> dict:
     policy = unwrap(trainer.model)
     t1 = time.perf_counter()
     sampler = make_sampler(
-        cfg.sampler, policy, tokenizer, DTYPES[cfg.model.dtype], seed=derive_seed(cfg.seed, ENGINE_STREAM, 0) % 2**31
-    )  # rank 0's seed in rapid, on every rank
+        cfg.sampler,
+        policy,
+        tokenizer,
+        DTYPES[cfg.model.dtype],
+        seed=derive_seed(cfg.seed, ENGINE_STREAM, 0) % 2**31,  # rank 0's seed in rapid, on every rank
+        max_len_needed=sequence_budget(eval_prompts, cfg.task.max_new_tokens),
+    )
     final = evaluate(
         sampler,
         task,

@@ -14,8 +14,10 @@ sentence that says to set `task.data_path` or `RAPID_DATA_DIR`.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -115,3 +117,89 @@ def load_hub(task: str, spec: str) -> list[dict]:
         raise ConfigError(
             f"could not load {spec} from the Hugging Face Hub ({type(e).__name__}; offline?): {_HOW}"
         ) from None
+
+
+# --- MBPP+ as the Hub's evalplus/mbppplus stores it ---------------------------------------------------
+# The Hub copy (evalplus/mbppplus, built by EvalPlus's tools/mbpp/to_original_fmt.py) keeps the original
+# MBPP fields (task_id as a number, code = the reference solution, prompt = the task text, source_file,
+# test_imports, test_list = MBPP's three asserts) and puts the tests in `test`, Python source:
+#     <imports> <assertion helpers> inputs = [...] results = [...]
+#     for i, (inp, exp) in enumerate(zip(inputs, results)): assertion(candidate(*inp), exp, <atol>)
+# (three tasks with very large outputs compare against a `ref_func` instead of `results`). The inputs are
+# the base inputs followed by the plus inputs, deduplicated; MBPP's own asserts are the base tests, so
+# the first len(test_list) inputs are taken as base_input and the rest as plus_input.
+MBPPPLUS_HUB_FIELDS = ("task_id", "code", "prompt", "test_list", "test")
+_NAMED_CONSTANTS = {"inf": float("inf"), "nan": float("nan")}
+
+
+def is_mbppplus_hub_record(record: dict) -> bool:
+    return all(k in record for k in MBPPPLUS_HUB_FIELDS) and "base_input" not in record
+
+
+def mbppplus_from_hub(record: dict) -> dict:
+    """One evalplus/mbppplus (Hub) record in the EvalPlus release's fields: task_id "Mbpp/<n>",
+    prompt, entry_point, canonical_solution, base_input, plus_input, atol."""
+    n = int(record["task_id"])
+    where = f"evalplus/mbppplus task {n}"
+    try:
+        tree = ast.parse(record["test"])
+    except SyntaxError:
+        raise ConfigError(f"{where}: its `test` field is not Python source: {_HOW}") from None
+    inputs, atol = None, None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["inputs"]:
+            inputs = _literal(node.value, where)
+        for call in ast.walk(node):
+            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "assertion" and len(call.args) == 3:
+                atol = _literal(call.args[2], where)
+    if not isinstance(inputs, list) or atol is None:
+        raise ConfigError(f"{where}: its `test` code has no `inputs = [...]` list or assertion(..., atol) call: {_HOW}")
+    inputs = [_as_json(list(args)) for args in inputs]
+    n_base = len(record["test_list"])
+    text = record["prompt"].strip()
+    return {
+        "task_id": f"Mbpp/{n}",
+        "prompt": f'"""\n{text}\n{record["test_list"][0]}\n"""\n',
+        "entry_point": _entry_point(record["code"], record["test_list"], where),
+        "canonical_solution": record["code"],
+        "base_input": inputs[:n_base],
+        "plus_input": inputs[n_base:],
+        "atol": atol,
+    }
+
+
+def _literal(node: ast.AST, where: str):
+    """A Python literal, where `inf` and `nan` may appear as names (EvalPlus writes repr() of its inputs)."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name) and sub.id not in _NAMED_CONSTANTS:
+            raise ConfigError(f"{where}: its test inputs use the name `{sub.id}`, which is not a literal: {_HOW}")
+        if not isinstance(
+            sub,
+            (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.UnaryOp, ast.BinOp, ast.Name, ast.Load)
+            + (ast.USub, ast.UAdd, ast.Add, ast.Sub),
+        ):
+            raise ConfigError(f"{where}: its test inputs hold {type(sub).__name__}, not a literal: {_HOW}")
+    return eval(compile(ast.Expression(node), "<mbppplus test>", "eval"), {"__builtins__": {}}, dict(_NAMED_CONSTANTS))
+
+
+def _as_json(x):
+    """Tuples and sets as lists, recursively: the form of EvalPlus's JSON release, which
+    rapid.tasks.mbpp_plus.deserialize turns back into each task's types."""
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return [_as_json(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _as_json(v) for k, v in x.items()}
+    return x
+
+
+def _entry_point(code: str, test_list: list[str], where: str) -> str:
+    """The function the tests call: among the reference's top-level functions, the one named in the
+    first MBPP assert (the only one when there is one)."""
+    try:
+        names = [f.name for f in ast.parse(code).body if isinstance(f, ast.FunctionDef)]
+    except SyntaxError:
+        names = []
+    called = [name for name in names if re.search(rf"\b{re.escape(name)}\s*\(", test_list[0] if test_list else "")]
+    if called or len(names) == 1:
+        return (called or names)[0]
+    raise ConfigError(f"{where}: cannot tell which function of its reference solution the tests call: {_HOW}")

@@ -67,7 +67,9 @@ from rapid.tasks.datasets import load_split, require_fields
 from rapid.tasks.grading import MAX_NUMBER_CHARS, SYMBOLIC, last_boxed, parse_number
 
 FILES = {"train": "math/train_12k.jsonl", "test": "math500/test.jsonl"}
-HUB = {"train": "zzy1123/MATH_train_test_split@train", "test": "HuggingFaceH4/MATH-500@test"}
+# nlile/hendrycks-MATH-benchmark: the 12,000-problem train split of "Let's Verify Step by Step" (MATH minus
+# MATH-500), fields problem, solution, answer, subject, level, unique_id, as HuggingFaceH4/MATH-500's
+HUB = {"train": "nlile/hendrycks-MATH-benchmark@train", "test": "HuggingFaceH4/MATH-500@test"}
 DROPPED: dict[str, int] = {}  # split -> records dropped for an empty answer, by the last load
 MAX_ANSWER_CHARS = 1000  # longer boxed answers score 0 unread (the longest reference answer: 159)
 MAX_SYMBOLIC_CHARS = 400  # longer values are not sent to sympy (string compare only)

@@ -3,8 +3,9 @@
 Split: the 378 tasks are shuffled with `split_seed` and cut once into 264 train / 114 eval
 (`split_ids`; the training loop can write the ids into the run directory). `exclude` drops task
 ids after the split (e.g. Mbpp/102, 459, 559, whose reference solutions are known to be wrong).
-Data: `mbpp_plus/test.jsonl` (see `rapid.tasks.datasets`); the Hub's `evalplus/mbppplus@test`
-must carry the EvalPlus fields (`base_input`, `plus_input`, `canonical_solution`, `atol`).
+Data: `mbpp_plus/test.jsonl` in EvalPlus's release fields (`base_input`, `plus_input`,
+`canonical_solution`, `atol`), or the Hub's `evalplus/mbppplus@test`, whose MBPP-style records (tests as
+Python code) `rapid.tasks.datasets.mbppplus_from_hub` converts to those fields.
 
 Grading, as EvalPlus (0.3.1) does it: the code is the last ```python block of the completion (else
 the last bare ``` block, else the text before a closing fence, else the raw text). It runs under
@@ -47,7 +48,7 @@ import numpy as np
 
 from rapid.config import ConfigError
 from rapid.tasks import encode_prompts
-from rapid.tasks.datasets import load_split
+from rapid.tasks.datasets import is_mbppplus_hub_record, load_split, mbppplus_from_hub
 from rapid.tasks.grading import GradingError
 from rapid.tasks.sandbox import STARTUP_S, Limits, _driver_source, call_function, check, decode, encode
 
@@ -94,6 +95,7 @@ def load(
     """Records (the EvalPlus fields plus "grading": the limits and the sandbox) of 'train' or 'test'.
     Stops with one sentence if a record lacks the EvalPlus fields or the sandbox cannot start here."""
     records = load_split("mbpp_plus", split, FILES, HUB, data_path)
+    records = [mbppplus_from_hub(r) if is_mbppplus_hub_record(r) else r for r in records]  # the Hub's schema
     for n, r in enumerate(records):
         missing = [k for k in FIELDS if not isinstance(r, dict) or k not in r]
         if (

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from rapid.config import ConfigError
 from rapid.tasks import encode_prompts
-from rapid.tasks.datasets import load_split, require_fields
+from rapid.tasks.datasets import DATA_DIR_ENV, load_split, require_fields
 
 FILES = {"train": "minif2f/valid.jsonl", "test": "minif2f/test.jsonl"}
 HUB = {"train": "Slim205/minif2f@valid", "test": "Slim205/minif2f@test"}
@@ -69,7 +69,22 @@ def load(split: str, data_path: str | None = None, lean: Mapping | None = None, 
     grading = check_lean_available({"lean": lean})
     records = load_split("minif2f", split, FILES, HUB, data_path)
     require_fields(records, ("name", "header", "formal_statement"), "minif2f")
+    if not data_path and not os.environ.get(DATA_DIR_ENV):  # the Hub: its two splits must be different problems
+        other = load_split("minif2f", "test" if split == "train" else "train", FILES, HUB, data_path)
+        check_distinct_splits(records, other, HUB)
     return [{**r, "grading": grading} for r in records]
+
+
+def check_distinct_splits(records: list[dict], other: list[dict], sources: Mapping[str, str]) -> None:
+    """Training on the valid split and evaluating on the test split means nothing if they share
+    theorems (as a Hub copy may, under two split names): one sentence naming how many."""
+    shared = {r["name"] for r in records} & {r["name"] for r in other}
+    if shared:
+        raise ConfigError(
+            f"MiniF2F's valid and test splits ({sources['train']}, {sources['test']}) share {len(shared)} of "
+            f"{len(records)} theorems (e.g. {sorted(shared)[0]}): point task.data_path at a copy whose valid and "
+            "test splits are different problems (DeepSeek-Prover's minif2f.jsonl, or ../shared/data/minif2f)"
+        )
 
 
 def build_prompts(
