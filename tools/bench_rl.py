@@ -9,7 +9,7 @@ number of samples and completion length; then the floors of the RAPID H = 8 run.
     python tools/bench_rl.py --floors outputs/<run>            # only the floors of one run (logger.rollouts=true)
     python tools/bench_rl.py --h 1 2 4 8 16 auto --no-grpo --no-trl --no-floors   # fixed H against H=auto
 
-Each method is a fresh process (`python -m rapid.train`, `tools/trl_grpo.py`) with the same Hydra
+Each method is a fresh process (`python -m rapid.train`, `experiments/baselines/trl_grpo.py`) with the same Hydra
 overrides, `rounds` chosen so that every method trains on `--samples` samples; evaluation runs before
 and after training and is not timed. Reported per method (median over seeds):
 
@@ -125,7 +125,7 @@ def run_method(
         f"logger.rollouts={str(floors).lower()}",
     ]
     if method.get("trl"):
-        cmd = [sys.executable, str(REPO / "tools" / "trl_grpo.py"), "--out", str(run_dir), *args]
+        cmd = [sys.executable, str(REPO / "experiments" / "baselines" / "trl_grpo.py"), "--out", str(run_dir), *args]
         if nproc > 1:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *cmd[1:]]
     else:
