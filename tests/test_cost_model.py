@@ -3,7 +3,6 @@ tool on the tiny random model with the real vLLM engine (then a prediction from 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,10 +10,7 @@ import sys
 import pytest
 
 from tests.test_train import REPO, env_for
-
-spec = importlib.util.spec_from_file_location("cost_model", REPO / "tools" / "cost_model.py")
-cost_model = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cost_model)
+from tools import cost_model
 
 
 def made_up(**changes) -> dict:
