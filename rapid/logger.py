@@ -49,6 +49,39 @@ def write_run_files(run_dir: Path, cfg, device, meta_name: str = "meta.json", **
     (run_dir / meta_name).write_text(json.dumps(meta, indent=2))
 
 
+SUMMARY_KEYS = (  # (label, dotted key) of the console's one-line summary of a run's config
+    ("algorithm", "algorithm.name"),
+    ("H", "algorithm.H"),
+    ("n_step", "algorithm.n_step"),
+    ("n_group", "algorithm.n_group"),
+    ("task", "task.name"),
+    ("model", "model.name"),
+    ("samples", "samples"),
+    ("rounds", "rounds"),
+    ("seed", "seed"),
+)
+
+
+def config_summary(cfg, run_dir: Path) -> str:
+    """The run's config in one console line (the whole resolved config is <run_dir>/config.yaml):
+    algorithm, H, n_step, n_group, task, model, samples (and rounds where fixed), seed."""
+    from omegaconf import OmegaConf
+
+    parts = []
+    for label, key in SUMMARY_KEYS:
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is not None:
+            parts.append(f"{label}={value}")
+    return " ".join(parts) + f" (the full config: {Path(run_dir) / 'config.yaml'})"
+
+
+def run_dir_line(run_dir: Path, finished: bool = False) -> str:
+    """Where a run writes, for the console at its start and its end."""
+    if finished:
+        return f"run directory: {run_dir} (config.yaml, metrics.jsonl, summary.json)"
+    return f"run directory: {run_dir}"
+
+
 def read_rows(path: Path) -> list[dict]:
     """The JSON rows of a .jsonl file; a line cut short (a run killed while writing it) is dropped."""
     rows = []

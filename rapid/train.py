@@ -59,7 +59,7 @@ from rapid.data import PromptStream
 from rapid.distributed import all_reduce_max, all_reduce_sum, print0
 from rapid.evaluate import evaluate
 from rapid.iw_grpg import masked_mean, normalized_ess
-from rapid.logger import MetricsLogger, write_run_files
+from rapid.logger import MetricsLogger, config_summary, run_dir_line, write_run_files
 from rapid.losses import overlong_penalty
 from rapid.mismatch import scale_gradient, truncated_is_factors
 from rapid.models import load_model_and_tokenizer
@@ -223,6 +223,7 @@ def train(cfg: DictConfig) -> dict:
     if resume_from is None and distributed.is_main():
         check_new_run_dir(run_dir)  # never appends to an earlier run's files
     validate(cfg, world)
+    print0(run_dir_line(run_dir))
     a, t, o = cfg.algorithm, cfg.task, cfg.optim
     compute_dtype = resolve_dtype(cfg.model.dtype, device)
     temperature = cfg.sampler.temperature
@@ -240,7 +241,7 @@ def train(cfg: DictConfig) -> dict:
                 {"train": [record_id(r) for r in train_records], "eval": [record_id(r) for r in eval_records]}
             )
         )
-    print0(OmegaConf.to_yaml(cfg, resolve=True))
+    print0(config_summary(cfg, run_dir))
     sampler = make_sampler(
         cfg.sampler,
         model,
@@ -573,6 +574,7 @@ def train(cfg: DictConfig) -> dict:
     if distributed.is_main():
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print0(json.dumps(summary, indent=2))
+    print0(run_dir_line(run_dir, finished=True))
     logger.close()
     sampler.close()  # the engine's memory back before another run of this process (Hydra multirun)
     return summary

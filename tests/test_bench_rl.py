@@ -5,7 +5,6 @@ model of a given architecture, and completions of exactly max_new_tokens."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import subprocess
 import sys
@@ -17,10 +16,8 @@ from omegaconf import OmegaConf
 from rapid.models import load_model_and_tokenizer
 from rapid.sampler import HFSampler
 from tests.test_train import REPO, command, env_for
-
-spec = importlib.util.spec_from_file_location("bench_rl", REPO / "tools" / "bench_rl.py")
-bench_rl = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench_rl)
+from tools import bench_rl
+from tools.stats import bootstrap_accuracy, bootstrap_replicates, wilson_interval
 
 
 def fake_row(method: str, seed: int, s_per_1k: float, accuracy: float) -> dict:
@@ -208,20 +205,20 @@ def test_reuse_reads_finished_runs_into_the_table(tmp_path):
 
 
 def test_bootstrap_degenerate_cases_by_hand():
-    assert bench_rl.bootstrap_accuracy([[1, 1, 1], [1, 1, 1]]) == (1.0, 1.0, 1.0)  # nothing to resample
-    assert bench_rl.bootstrap_accuracy([[0, 1, 0, 1]] * 3, n_boot=10)[0] == 0.5
+    assert bootstrap_accuracy([[1, 1, 1], [1, 1, 1]]) == (1.0, 1.0, 1.0)  # nothing to resample
+    assert bootstrap_accuracy([[0, 1, 0, 1]] * 3, n_boot=10)[0] == 0.5
     # one seed always right, one always wrong: a replicate is (number of draws of the first) / 2, i.e. 0, 0.5
     # or 1 with probabilities 1/4, 1/2, 1/4: the 2.5 and 97.5 percentiles are 0 and 1
-    mean, low, high = bench_rl.bootstrap_accuracy([[1] * 5, [0] * 5])
+    mean, low, high = bootstrap_accuracy([[1] * 5, [0] * 5])
     assert (mean, low, high) == (0.5, 0.0, 1.0)
-    stats = bench_rl.bootstrap_replicates([[1] * 5, [0] * 5], n_boot=20_000)
+    stats = bootstrap_replicates([[1] * 5, [0] * 5], n_boot=20_000)
     assert set(stats.tolist()) == {0.0, 0.5, 1.0} and abs((stats == 0.5).mean() - 0.5) < 0.02
 
 
 def test_bootstrap_of_one_seed_is_the_binomial():
     """One seed, 10 of 20 right: a replicate is Binomial(20, 1/2) / 20. P(X <= 5) = 0.021 and P(X <= 6) = 0.058,
     so the 2.5th percentile is 6/20; P(X <= 13) = 0.942 and P(X <= 14) = 0.979, so the 97.5th is 14/20."""
-    assert bench_rl.bootstrap_accuracy([[1] * 10 + [0] * 10]) == pytest.approx((0.5, 0.30, 0.70))
+    assert bootstrap_accuracy([[1] * 10 + [0] * 10]) == pytest.approx((0.5, 0.30, 0.70))
 
 
 @pytest.mark.parametrize("sizes", [(10, 10, 10), (10, 20, 40)])
@@ -237,7 +234,7 @@ def test_bootstrap_variance_counts_seeds_and_problems(sizes):
     pa, na = np.array(p), np.array(sizes)
     expected_sd = np.sqrt((pa.var() + (pa * (1 - pa) / na).mean()) / 3)
     n_boot = 20_000 if len(set(sizes)) == 1 else 4_000
-    stats = bench_rl.bootstrap_replicates(per_seed, n_boot=n_boot, seed=1)
+    stats = bootstrap_replicates(per_seed, n_boot=n_boot, seed=1)
     assert stats.std() == pytest.approx(expected_sd, rel=0.03 if n_boot == 20_000 else 0.05)
     assert stats.mean() == pytest.approx(0.5, abs=3 * expected_sd / np.sqrt(n_boot))
     if len(set(sizes)) == 1:
@@ -247,10 +244,8 @@ def test_bootstrap_variance_counts_seeds_and_problems(sizes):
 def test_wilson_interval_by_hand():
     # 8 of 10: center (0.8 + 1.96^2 / 20) / (1 + 1.96^2 / 10) = 0.99208 / 1.38415 = 0.71674,
     # half 1.96 * sqrt(0.016 + 0.009604) / 1.38415 = 0.22658  ->  (0.4902, 0.9433)
-    assert bench_rl.wilson_interval(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)
-    assert bench_rl.wilson_interval(0, 10)[0] == pytest.approx(0.0) and bench_rl.wilson_interval(10, 10)[
-        1
-    ] == pytest.approx(1.0)
+    assert wilson_interval(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)
+    assert wilson_interval(0, 10)[0] == pytest.approx(0.0) and wilson_interval(10, 10)[1] == pytest.approx(1.0)
 
 
 def test_accuracy_interval_says_how_it_was_made():

@@ -4,7 +4,6 @@ draws of tests/test_iw_grpg.py (the same bandit), and its reported numbers where
 from __future__ import annotations
 
 import csv
-import importlib.util
 import itertools
 import math
 import subprocess
@@ -17,10 +16,7 @@ import torch
 
 from tests.test_iw_grpg import PHI, REWARD, THETA, G, expected_estimate, per_draw_gradients, sample_draws
 from tests.test_train import REPO
-
-spec = importlib.util.spec_from_file_location("clip_bias", REPO / "tools" / "clip_bias.py")
-clip_bias = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(clip_bias)
+from tools import clip_bias
 
 
 def test_multisets_cover_every_ordered_group():

@@ -3,7 +3,6 @@ tool on the tiny random model with the real vLLM engine (then a prediction from 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,10 +10,7 @@ import sys
 import pytest
 
 from tests.test_train import REPO, env_for
-
-spec = importlib.util.spec_from_file_location("cost_model", REPO / "tools" / "cost_model.py")
-cost_model = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cost_model)
+from tools import cost_model
 
 
 def made_up(**changes) -> dict:
@@ -122,6 +118,37 @@ def test_recommendation_is_the_smallest_h_within_tolerance():
     pick, best = cost_model.recommend(rows, 0.05)  # 4.9 * 1.05 = 5.145: H = 4 is the first below
     assert (pick["H"], best["H"]) == (4, 16)
     assert cost_model.recommend(rows, 0.0)[0]["H"] == 16
+
+
+def test_controller_view_uses_adaptive_h_and_matches_a_linear_generation_cost():
+    """Generation linear in the call size at the measured sizes: first_s(B) = 0.3 + 0.1 B, step_s(B) = 0.05 +
+    0.01 B, 3 tokens -> a call of B costs 0.4 + 0.12 B, so adaptive_h's fit gives α 0.4, β 0.12. n_step 2,
+    n_group 2: a step trains one micro-batch of 2 x 3 (0.05 + 0.02 + 0.012) + the optimizer 0.03 = 0.112 s,
+    0.056 per sample, + reward 0.001: λ = 0.057; F = the sync 0.16. c(H) = 0.177 + 0.28 / H: 0.457, 0.317,
+    0.247 for H = 1, 2, 4, the detailed prediction's totals too."""
+    cm = made_up(
+        generation={"sizes": [1, 2, 4, 8], "first_s": [0.4, 0.5, 0.7, 1.1], "step_s": [0.06, 0.07, 0.09, 0.13]}
+    )
+    block = [cost_model.predict(cm, H=h, n_step=2, n_group=2, micro_batch=32) for h in (1, 2, 4)]
+    view = cost_model.controller_view(block, 0.05)
+    assert (view["alpha_s"], view["beta_s"]) == (pytest.approx(0.4), pytest.approx(0.12))
+    assert (view["per_sample_s"], view["per_round_s"]) == (pytest.approx(0.057), pytest.approx(0.16))
+    assert view["cost"] == pytest.approx({1: 0.457, 2: 0.317, 4: 0.247})
+    assert [view["cost"][r["H"]] for r in block] == pytest.approx([r["total"] for r in block])
+    # 0.247 * 1.05 = 0.259: only H = 4; 0.247 * 1.3 = 0.321 takes H = 2 (0.317)
+    assert view["H"] == 4 and cost_model.controller_view(block, 0.3)["H"] == 2
+    assert cost_model.controller_view(block[:1]) is None  # one size: α and β cannot be told apart
+    # made_up's own curve: calls of 2, 4, 8 cost 0.9, 1.2, 0.6 s; the slope is negative, so adaptive_h
+    # puts it all per round: α = the mean 0.9, β = 0
+    view = cost_model.controller_view(
+        [cost_model.predict(made_up(), H=h, n_step=2, n_group=2, micro_batch=32) for h in (1, 2, 4)]
+    )
+    assert (view["alpha_s"], view["beta_s"]) == (pytest.approx(0.9), 0.0)
+    table, _ = cost_model.prediction_table(cm, [1, 2, 4], [2], 2, 32)
+    assert (
+        "c(H) H=1: 457.0, H=2: 317.0, H=4: 247.0 s / 1k samples" in table
+        and "cost choice without the staleness cap: H = 4" in table
+    )
 
 
 def test_hypothetical_memory_bound_profile():

@@ -4,7 +4,6 @@ against the final checkpoint), drawn as the token-level figure."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -21,11 +20,9 @@ from rapid.models import load_model_and_tokenizer
 from rapid.policy import CompletionLogprobs, token_logprobs
 from rapid.tasks import load_splits
 from tests.test_train import REPO, command, env_for
+from tools import figures
 
 sys.path.insert(0, str(REPO / "tools"))
-spec = importlib.util.spec_from_file_location("figures", REPO / "tools" / "figures.py")
-figures = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(figures)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -12,10 +11,7 @@ import pytest
 import torch
 
 from tests.test_train import REPO, env_for
-
-spec = importlib.util.spec_from_file_location("iw_bf16", REPO / "tools" / "iw_bf16.py")
-iw_bf16 = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(iw_bf16)
+from tools import iw_bf16
 
 
 def test_summarize_by_hand():

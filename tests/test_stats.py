@@ -4,7 +4,6 @@ and the whole report on synthetic run directories whose numbers are checked by h
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -13,11 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.test_train import REPO
-
-spec = importlib.util.spec_from_file_location("stats", REPO / "tools" / "stats.py")
-stats = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(stats)
+from tools import stats
 
 
 def t3_two_sided(t: float) -> float:

@@ -1,4 +1,4 @@
-"""tools/trl_grpo.py, rapid's GRPO run through TRL's GRPOTrainer: the prompt round trip that makes TRL
+"""experiments/baselines/trl_grpo.py, rapid's GRPO run through TRL's GRPOTrainer: the prompt round trip that makes TRL
 train on rapid's token ids, and an end-to-end run on the tiny random model in a subprocess (as
 tests/test_train.py runs rapid.train), checked through the files it writes."""
 
@@ -19,7 +19,7 @@ from rapid.seeding import PROMPT_STREAM, derive_seed
 from rapid.tasks import load_splits
 from tests.test_train import REPO, TIMEOUT_S, env_for
 
-TOOL_PATH = REPO / "tools" / "trl_grpo.py"
+TOOL_PATH = REPO / "experiments" / "baselines" / "trl_grpo.py"
 SUMMARY_KEYS = (
     "eval/accuracy_after",
     "samples",

@@ -17,37 +17,17 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-# two-sided 95% Student t quantiles by degrees of freedom (normal beyond 30)
-T95 = {
-    1: 12.706,
-    2: 4.303,
-    3: 3.182,
-    4: 2.776,
-    5: 2.571,
-    6: 2.447,
-    7: 2.365,
-    8: 2.306,
-    9: 2.262,
-    10: 2.228,
-    15: 2.131,
-    20: 2.086,
-    30: 2.042,
-}
+if __package__ in (None, ""):  # run as a script: the repository root, for `tools.*`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools.stats import t_half_width  # noqa: E402
+
 WALL_SLACK = 0.10  # H = auto may take this much more wall time than the fastest fixed H of equal accuracy
-
-
-def t95(dof: int) -> float:
-    """The quantile for `dof`, or for the next smaller tabulated one (a wider interval)."""
-    if dof < 1:
-        return math.inf
-    return 1.96 if dof > 30 else T95[max(k for k in T95 if k <= dof)]
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -56,13 +36,12 @@ def summarize(rows: list[dict]) -> list[dict]:
     for name in dict.fromkeys(r["method"] for r in rows):
         group = [r for r in rows if r["method"] == name]
         acc = [float(r["accuracy_after"]) for r in group]
-        half = t95(len(acc) - 1) * statistics.stdev(acc) / math.sqrt(len(acc)) if len(acc) > 1 else math.inf
         out.append(
             {
                 "method": name,
                 "seeds": len(group),
                 "accuracy": statistics.mean(acc),
-                "ci": half,
+                "ci": t_half_width(acc),
                 "s_per_1k": statistics.mean(float(r["s_per_1k"]) for r in group),
                 "rounds": statistics.mean(float(r["rounds"]) for r in group)
                 if all(r.get("rounds") for r in group)

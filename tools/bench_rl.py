@@ -9,7 +9,7 @@ number of samples and completion length; then the floors of the RAPID H = 8 run.
     python tools/bench_rl.py --floors outputs/<run>            # only the floors of one run (logger.rollouts=true)
     python tools/bench_rl.py --h 1 2 4 8 16 auto --no-grpo --no-trl --no-floors   # fixed H against H=auto
 
-Each method is a fresh process (`python -m rapid.train`, `tools/trl_grpo.py`) with the same Hydra
+Each method is a fresh process (`python -m rapid.train`, `experiments/baselines/trl_grpo.py`) with the same Hydra
 overrides, `rounds` chosen so that every method trains on `--samples` samples; evaluation runs before
 and after training and is not timed. Reported per method (median over seeds):
 
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib.util
 import json
 import os
 import shutil
@@ -54,6 +53,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a script: the repository root, for `tools.*`
+    sys.path.insert(0, str(REPO))
+from tools.stats import bootstrap_accuracy, wilson_interval  # noqa: E402
+
 PHASES = ("generate", "reward", "recompute", "train", "sync", "other")
 
 
@@ -125,7 +128,7 @@ def run_method(
         f"logger.rollouts={str(floors).lower()}",
     ]
     if method.get("trl"):
-        cmd = [sys.executable, str(REPO / "tools" / "trl_grpo.py"), "--out", str(run_dir), *args]
+        cmd = [sys.executable, str(REPO / "experiments" / "baselines" / "trl_grpo.py"), "--out", str(run_dir), *args]
         if nproc > 1:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *cmd[1:]]
     else:
@@ -367,52 +370,6 @@ def measure_floors(run_dir: Path) -> dict:
 # ------------------------------------------------------------------------------------------- statistics
 
 
-def bootstrap_replicates(per_seed: list[list[int]], n_boot: int = 10_000, seed: int = 0):
-    """Replicates of the mean over seeds of held-out accuracy under a two-level bootstrap: each replicate
-    draws len(per_seed) seeds with replacement, then within each drawn seed its problems with replacement,
-    and averages, over the drawn seeds, the drawn problems' accuracy. per_seed: 0/1 per problem, per seed."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    arrays = [np.asarray(c, dtype=float) for c in per_seed]
-    S = len(arrays)
-    if S == 0 or any(len(a) == 0 for a in arrays):
-        raise ValueError("the bootstrap needs at least one seed with at least one problem")
-    stats = np.empty(n_boot)
-    seeds = rng.integers(0, S, (n_boot, S))
-    if len({len(a) for a in arrays}) == 1:  # vectorised, in blocks to bound memory
-        M, N = np.stack(arrays), len(arrays[0])
-        for lo in range(0, n_boot, 1000):
-            hi = min(lo + 1000, n_boot)
-            problems = rng.integers(0, N, (hi - lo, S, N))
-            stats[lo:hi] = M[seeds[lo:hi, :, None], problems].mean(axis=(1, 2))
-    else:
-        for b in range(n_boot):
-            stats[b] = np.mean([arrays[s][rng.integers(0, len(arrays[s]), len(arrays[s]))].mean() for s in seeds[b]])
-    return stats
-
-
-def bootstrap_accuracy(
-    per_seed: list[list[int]], n_boot: int = 10_000, level: float = 0.95, seed: int = 0
-) -> tuple[float, float, float]:
-    """(mean over seeds of accuracy, low, high): the (1 - level) / 2 and (1 + level) / 2 percentiles of
-    `bootstrap_replicates`."""
-    import numpy as np
-
-    stats = bootstrap_replicates(per_seed, n_boot, seed)
-    low, high = np.percentile(stats, [50 * (1 - level), 50 * (1 + level)])
-    return float(np.mean([np.mean(c) for c in per_seed])), float(low), float(high)
-
-
-def wilson_interval(correct: float, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """The Wilson score interval (95% for z = 1.96) of a binomial proportion correct / n."""
-    p = correct / n
-    denom = 1 + z * z / n
-    center = (p + z * z / (2 * n)) / denom
-    half = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / denom
-    return max(0.0, center - half), min(1.0, center + half)
-
-
 def accuracy_interval(group: list[dict]) -> dict:
     """Mean held-out accuracy of a method's runs with a 95% interval, and how it was made: a bootstrap over
     seeds and problems where every run has its per-problem outcomes; else a Wilson interval on the count
@@ -438,10 +395,9 @@ def accuracy_interval(group: list[dict]) -> dict:
 
 
 def cost_model_module():
-    spec = importlib.util.spec_from_file_location("cost_model", REPO / "tools" / "cost_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from tools import cost_model
+
+    return cost_model
 
 
 def rollout_length_groups(run_dir: Path) -> list[list[int]] | None:

@@ -51,6 +51,9 @@ CPU model and its vector extensions, and the prediction table; prints the table 
 recommends: the smallest H whose predicted time per sample is within --tolerance (5%) of the best
 over the H considered. The model counts compute only: what a larger H costs in staleness (clipped
 importance weights, accuracy per sample) is for the benchmark to measure.
+Under each table, the same predictions through H = auto's cost model (rapid.adaptive_h's fit_generation and
+cost_per_sample: generation linear in the call size, the rest per sample and per round), and the H its cost
+choice would take: the two models share that arithmetic rather than each having its own.
 """
 
 from __future__ import annotations
@@ -254,6 +257,44 @@ def recommend(rows: list[dict], tolerance: float = 0.05) -> tuple[dict, dict]:
     return pick, best
 
 
+def controller_view(block: list[dict], tolerance: float = 0.05) -> dict | None:
+    """What H = auto's cost model makes of one (n_step, n_group)'s predictions, computed by rapid.adaptive_h's
+    own functions: T_gen(b) = α + β b fitted (`fit_generation`) to the predicted generation seconds of a round
+    of b = H n_step samples, λ the rest per sample (reward, recompute, train; their mean over the H), F the
+    weight sync per round, and c(H) = β + λ + (α + F) / (H n_step) (`cost_per_sample`) at every H, with the
+    H its cost choice takes: the smallest within `tolerance` of the cheapest (no staleness cap; `recommend`).
+    None with fewer than two H (α and β cannot be told apart). Where generation is linear in the call size,
+    c(H) is the prediction's total; where it is not, the difference is what the controller's line misses."""
+    from rapid.adaptive_h import State, cost_per_sample, fit_generation
+
+    fit = fit_generation({r["n_inference"]: r["generate"] * r["n_inference"] for r in block})
+    if fit is None:
+        return None
+    alpha, beta = fit
+    per_sample = sum(r["reward"] + r["recompute"] + r["train"] for r in block) / len(block)
+    per_round = sum(r["sync"] * r["n_inference"] for r in block) / len(block)
+    state = State(H=block[0]["H"], per_sample_s=per_sample, per_round_s=per_round)
+    costs = [{"H": r["H"], "total": cost_per_sample(r["H"], alpha, beta, state, r["n_step"])} for r in block]
+    return {
+        "alpha_s": alpha,
+        "beta_s": beta,
+        "per_sample_s": per_sample,
+        "per_round_s": per_round,
+        "cost": {c["H"]: c["total"] for c in costs},
+        "H": recommend(costs, tolerance)[0]["H"],
+    }
+
+
+def controller_line(view: dict) -> str:
+    """controller_view in a sentence."""
+    costs = ", ".join(f"H={h}: {1000 * c:.1f}" for h, c in view["cost"].items())
+    return (
+        f"H = auto's linear model of the same predictions (rapid.adaptive_h): T_gen(b) = {view['alpha_s']:.3f} + "
+        f"{view['beta_s']:.5f} b s, λ {1000 * view['per_sample_s']:.1f} s / 1k samples, F {view['per_round_s']:.3f} s "
+        f"per round; c(H) {costs} s / 1k samples; its cost choice without the staleness cap: H = {view['H']}."
+    )
+
+
 def hypothetical(
     cm: dict,
     *,
@@ -341,6 +382,11 @@ def prediction_table(
                 + f" | **{1000 * r['total']:.1f}** | {r['total'] / h1['total']:.2f} |"
             )
         lines += ["", recommendation_line(block, tolerance)]
+        view = controller_view(block, tolerance)
+        if view is not None:
+            lines += ["", controller_line(view)]
+            for r in block:
+                r["controller_total"] = view["cost"][r["H"]]
         rows += block
     if any(r["extrapolated"] for r in rows):
         lines += [

@@ -33,8 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stats import config_and_seed, drop_common_overrides, find_runs, read_rows, run_config  # noqa: E402
+if __package__ in (None, ""):  # run as a script: the repository root, for `tools.*`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools.stats import config_and_seed, drop_common_overrides, find_runs, read_rows, run_config  # noqa: E402
 
 
 def load(run: Path) -> dict:

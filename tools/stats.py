@@ -107,19 +107,78 @@ def pearson(x: list[float], y: list[float]) -> tuple[float, float, int]:
     return r, t_two_sided_p(t, n - 2), n
 
 
+def bootstrap_replicates(per_seed: list[list[float]], n_boot: int = BOOTSTRAP_RESAMPLES, seed: int = 0):
+    """Replicates of the mean over seeds under a two-level bootstrap: each replicate draws len(per_seed)
+    seeds with replacement, then within each drawn seed its values (e.g. 0/1 per problem) with replacement,
+    and averages, over the drawn seeds, the drawn values' mean. With one value per seed it is the ordinary
+    bootstrap of the mean over seeds."""
+    rng = np.random.default_rng(seed)
+    arrays = [np.asarray(c, dtype=float) for c in per_seed]
+    S = len(arrays)
+    if S == 0 or any(len(a) == 0 for a in arrays):
+        raise ValueError("the bootstrap needs at least one seed with at least one problem")
+    stats = np.empty(n_boot)
+    seeds = rng.integers(0, S, (n_boot, S))
+    if len({len(a) for a in arrays}) == 1:  # vectorised, in blocks to bound memory
+        M, N = np.stack(arrays), len(arrays[0])
+        for lo in range(0, n_boot, 1000):
+            hi = min(lo + 1000, n_boot)
+            problems = rng.integers(0, N, (hi - lo, S, N))
+            stats[lo:hi] = M[seeds[lo:hi, :, None], problems].mean(axis=(1, 2))
+    else:
+        for b in range(n_boot):
+            stats[b] = np.mean([arrays[s][rng.integers(0, len(arrays[s]), len(arrays[s]))].mean() for s in seeds[b]])
+    return stats
+
+
+def bootstrap_accuracy(
+    per_seed: list[list[float]], n_boot: int = BOOTSTRAP_RESAMPLES, level: float = 0.95, seed: int = 0
+) -> tuple[float, float, float]:
+    """(mean over seeds of the per-seed means, low, high): the (1 - level) / 2 and (1 + level) / 2
+    percentiles of `bootstrap_replicates`."""
+    stats = bootstrap_replicates(per_seed, n_boot, seed)
+    low, high = np.percentile(stats, [50 * (1 - level), 50 * (1 + level)])
+    return float(np.mean([np.mean(c) for c in per_seed])), float(low), float(high)
+
+
 def bootstrap_ci(
     values: list[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean (resampling the values with replacement)."""
-    v = np.asarray(values, dtype=float)
-    if len(v) == 0:
+    if len(values) == 0:
         return math.nan, math.nan
-    if len(v) == 1:
-        return float(v[0]), float(v[0])
-    rng = np.random.default_rng(seed)
-    means = v[rng.integers(0, len(v), size=(resamples, len(v)))].mean(1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
+    if len(values) == 1:
+        return float(values[0]), float(values[0])
+    _, lo, hi = bootstrap_accuracy([[v] for v in values], resamples, level, seed)
+    return lo, hi
+
+
+def wilson_interval(correct: float, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval (95% for z = 1.96) of a binomial proportion correct / n."""
+    p = correct / n
+    denom = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / denom
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+# two-sided 95% Student t quantiles by degrees of freedom (normal beyond 30)
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+T95 |= {15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def t95(dof: int) -> float:
+    """The two-sided 95% quantile of Student's t for `dof`, or for the next smaller tabulated one (a wider
+    interval); inf below 1 degree of freedom."""
+    if dof < 1:
+        return math.inf
+    return 1.96 if dof > 30 else T95[max(k for k in T95 if k <= dof)]
+
+
+def t_half_width(values: list[float]) -> float:
+    """Half-width of the 95% Student t interval of the mean: t95(n − 1) · s / √n (inf for fewer than 2)."""
+    n = len(values)
+    return t95(n - 1) * float(np.std(values, ddof=1)) / math.sqrt(n) if n > 1 else math.inf
 
 
 def describe(values: list[float]) -> dict[str, float]:

@@ -14,9 +14,12 @@ module of any other task, e.g. `python -m rapid.train task.module=my_package.my_
 from __future__ import annotations
 
 import importlib
+import warnings
 from types import ModuleType
 
-from rapid.config import ConfigError, check_splits
+from omegaconf import OmegaConf
+
+from rapid.config import CONF, ConfigError, check_splits
 
 TASKS = ("arithmetic", "multistep", "math", "gsm8k", "mbpp_plus", "minif2f")
 TASK_FUNCTIONS = ("load", "build_prompts", "reward")
@@ -49,6 +52,41 @@ def get_task(name: str, module: str | None = None) -> ModuleType:
     return task
 
 
+def inherited_settings(task_cfg) -> tuple[str, dict] | None:
+    """For a plugin task (task.module outside rapid.tasks): the built-in task whose conf/task/<name>.yaml
+    settings its config still holds (every key but name and module present, as when only task.module= was
+    given on the command line) and those of them at that file's values; None for a built-in task, or
+    a plugin with its own task YAML."""
+    module = str(task_cfg.get("module") or "")
+    if not module or module.startswith("rapid.tasks."):
+        return None
+    mine = OmegaConf.to_container(task_cfg, resolve=False)
+    for path in sorted((CONF / "task").glob("*.yaml")):
+        theirs = {k: v for k, v in OmegaConf.to_container(OmegaConf.load(path)).items() if k not in ("name", "module")}
+        if theirs and theirs.keys() <= mine.keys():
+            same = {k: v for k, v in theirs.items() if mine[k] == v}
+            if same:
+                return path.stem, same
+    return None
+
+
+def warn_inherited_settings(task_cfg) -> None:
+    """One warning when a plugin task runs with a built-in task's settings (e.g. max_new_tokens: 12 from
+    conf/task/arithmetic.yaml, the task group's default) that it never chose."""
+    found = inherited_settings(task_cfg)
+    if found is None:
+        return
+    name, same = found
+    shown = ", ".join(f"task.{k}={v}" for k, v in sorted(same.items(), key=lambda kv: kv[0] != "max_new_tokens"))
+    warnings.warn(
+        f"task.module={task_cfg.module} runs with conf/task/{name}.yaml's settings ({shown}), which it inherits "
+        "because the task group still selects that file: give your task its own YAML (task=<yours>, from "
+        "conf/task/ or a folder on hydra.searchpath, docs/configuration.md) or override the settings it "
+        "needs (e.g. task.max_new_tokens=256)",
+        stacklevel=2,
+    )
+
+
 def encode_prompts(
     user_texts: list[str], tokenizer, system: str = "", use_chat_template: bool = True, plain_format: str = "{text}"
 ) -> list[list[int]]:
@@ -78,6 +116,7 @@ def load_splits(task_cfg, tokenizer, n_eval: int | None = None):
     the eval split is cut to its first `n_eval` records. An empty split is one ConfigError sentence;
     held-out records that are also training records are warned about."""
     task = get_task(task_cfg.name, task_cfg.module)
+    warn_inherited_settings(task_cfg)
     train_records = task.load("train", **task_cfg)
     eval_records = task.load("test", **task_cfg)[:n_eval]
     check_splits(task_cfg.name, train_records, eval_records)  # neither empty; a warning if they overlap

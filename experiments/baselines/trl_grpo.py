@@ -1,9 +1,9 @@
 """rapid's GRPO run through Hugging Face TRL's GRPOTrainer: the peer rapid is benchmarked against.
 
-    python tools/trl_grpo.py --out DIR [Hydra overrides of conf/config.yaml ...]
-    python tools/trl_grpo.py --out /tmp/trl algorithm=grpo rounds=4 sampler=vllm
-    python tools/trl_grpo.py --out /tmp/trl +experiment=smoke algorithm=grpo sampler=hf   # tiny random model
-    torchrun --nproc_per_node=2 tools/trl_grpo.py --out DIR algorithm=grpo ...   # one process per GPU (gloo on CPU)
+    python experiments/baselines/trl_grpo.py --out DIR [Hydra overrides of conf/config.yaml ...]
+    python experiments/baselines/trl_grpo.py --out /tmp/trl algorithm=grpo rounds=4 sampler=vllm
+    python experiments/baselines/trl_grpo.py --out /tmp/trl +experiment=smoke algorithm=grpo sampler=hf   # tiny random model
+    torchrun --nproc_per_node=2 experiments/baselines/trl_grpo.py --out DIR algorithm=grpo ...   # one process per GPU (gloo on CPU)
 
 Needs TRL (`pip install -e '.[bench]'`). rapid's own config is composed with the same overrides and
 everything is taken from it, so this is the run `python -m rapid.train <overrides>` makes, with TRL
@@ -73,7 +73,7 @@ from rapid.sampler import make_sampler, sequence_budget
 from rapid.seeding import ENGINE_STREAM, EVAL_STREAM, PROMPT_STREAM, derive_seed
 from rapid.tasks import load_splits
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 LOSS_TYPES = {"seq_mean_token_mean": "grpo", "token_mean": "bnpo", "constant": "dr_grpo"}  # algorithm.aggregation
 SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}  # optim.schedule
 MIB = 2**20

@@ -1,0 +1,45 @@
+"""Every folder under experiments/results/ says where it came from: a README.md whose Provenance block
+names the command that made it (whose scripts and tools exist today), the commit, the machine, and the
+README / docs pages that quote it (each of which exists and names the folder)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "experiments" / "results"
+FOLDERS = sorted(p for p in RESULTS.iterdir() if p.is_dir())
+COMMAND = re.compile(r"^- Command: `((?:[A-Z_]+=\S+ )*(?:python|bash|make|torchrun) [^`]*)`", re.M)
+COMMIT = re.compile(r"^- Commit: .*\b[0-9a-f]{7,40}\b", re.M)
+MACHINE = re.compile(r"^- Machine: \S", re.M)
+QUOTED = re.compile(r"^- Quoted by: (.+)$", re.M)
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+SCRIPT = re.compile(r"\b((?:tools|experiments)/[\w./-]+\.(?:py|sh))\b")
+
+
+def provenance(folder: Path) -> str:
+    readme = folder / "README.md"
+    assert readme.is_file(), f"{folder.relative_to(ROOT)} has no README.md saying which command made it"
+    return readme.read_text()
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=[p.name for p in FOLDERS])
+def test_results_folder_names_its_command_commit_machine_and_quotes(folder):
+    text = provenance(folder)
+    command = COMMAND.search(text)
+    assert command, f"{folder.name}/README.md: no '- Command: `python|bash|make ...`' line"
+    for script in SCRIPT.findall(text):
+        assert (ROOT / script).is_file(), f"{folder.name}/README.md names {script}, which does not exist"
+    assert COMMIT.search(text), f"{folder.name}/README.md: no '- Commit:' line with a commit hash"
+    assert MACHINE.search(text), f"{folder.name}/README.md: no '- Machine:' line ('not recorded' where it is not)"
+    quoted = QUOTED.search(text)
+    assert quoted, f"{folder.name}/README.md: no '- Quoted by:' line"
+    targets = LINK.findall(quoted.group(1))
+    assert targets, f"{folder.name}/README.md: '- Quoted by:' links no page"
+    for target in targets:
+        page = (folder / target).resolve()
+        assert page.is_file(), f"{folder.name}/README.md: {target} does not exist"
+        assert folder.name in page.read_text(), f"{folder.name}/README.md: {target} does not mention {folder.name}"
