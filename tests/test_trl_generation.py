@@ -1,16 +1,23 @@
-"""tools/trl_grpo.py's generation backend: TRL's colocated vLLM engine on a GPU with sampler=vllm (as TRL's
+"""experiments/baselines/trl_grpo.py's generation backend: TRL's colocated vLLM engine on a GPU with sampler=vllm (as TRL's
 users run it there), transformers generate otherwise. No GPU here: the choice and its GRPOConfig fields."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 trl = pytest.importorskip("trl")
 
-from tools.trl_grpo import generation_backend  # noqa: E402
+_spec = importlib.util.spec_from_file_location(
+    "trl_grpo", Path(__file__).resolve().parents[1] / "experiments" / "baselines" / "trl_grpo.py"
+)
+_baseline = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_baseline)
+generation_backend = _baseline.generation_backend
 
 VLLM = OmegaConf.create({"name": "vllm", "gpu_memory_utilization": 0.3, "sleep_during_train": True})
 
