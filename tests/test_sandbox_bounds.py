@@ -136,7 +136,9 @@ def test_decode_is_bounded_and_raises_only_value_error():
     start = time.perf_counter()
     with pytest.raises(ValueError):
         sandbox.decode({"dict": [[P * k, 0] for k in range(1, 200000)]})
-    assert time.perf_counter() - start < 1.0
+    # linear: ~0.1 s idle, 1.4 s seen on a loaded 2-core machine; a quadratic decode of these 200k colliding
+    # keys takes minutes (38k took 8 s), so the bound sits far from both
+    assert time.perf_counter() - start < 10.0
     # legitimate values still decode: a few equal hashes (-1 and -2 share one) are fine
     assert sandbox.decode({"set": [-1, -2, 3]}) == {-1, -2, 3}
     assert sandbox.decode({"dict": [[-1, "a"], [-2, "b"]]}) == {-1: "a", -2: "b"}
