@@ -528,8 +528,8 @@ def power_markdown(s: dict, runs: list[dict], h_pg: int, h_rapid: int) -> str:
 
     lines += [
         "",
-        f"Paired, {rapid} − {pg}: final accuracy {ci(s['diff_final'])}; time to the target "
-        f"{t(s['diff_tta']) if math.isfinite(s['diff_tta']) else 'inf'} s [{t(dlo)}, {t(dhi)}]; "
+        f"Paired, {rapid} − {pg}: final accuracy {ci(s['diff_final'])}; time to the target (s) "
+        f"{t(s['diff_tta'])} [{t(dlo)}, {t(dhi)}]; "
         f"ratio of the times {r(s['ratio_tta'])} [{r(rlo)}, {r(rhi)}].",
         "",
         "| method | samples | training-loop s (mean) | accuracy, mean [95% CI over seeds] |",
