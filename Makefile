@@ -78,6 +78,10 @@ cost-model: install  ## cost model of the default run: generation per call size,
 bench-long: install  ## the paper's small-step regime (n_step 4, n_group 4, ~120-token completions): PG vs RAPID H, one CPU core
 	bash experiments/bench_long.sh
 
+.PHONY: rapid-vs-pg-power
+rapid-vs-pg-power: install  ## RAPID H=8 vs PG, small-step regime, 8 seeds x 200 held-out problems, one core (~7 h, resumable)
+	bash experiments/rapid_vs_pg_power.sh
+
 bench-rl-gpu: install  ## the same on GPUs with Qwen2.5-0.5B-Instruct (NPROC=4 for 4 GPUs; THROUGHPUT_ONLY=1 offline)
 	bash experiments/bench_rl_gpu.sh
 

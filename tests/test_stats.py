@@ -241,3 +241,89 @@ def test_common_overrides_are_dropped_and_the_cpu_reported(tmp_path):
     assert rows == {"algorithm=grpo", "algorithm=rapid"}
     assert "Overrides common to every run: `epochs=0.64,rounds=null,task=arithmetic`." in text
     assert "Runs made on: Some CPU, 2 cores, vector extensions: avx2." in text
+
+
+# ----------------------------------------------------------------------------- RAPID against PG (--power)
+
+
+def test_time_to_accuracy_by_hand():
+    wall, acc = [0.0, 100.0, 200.0, 300.0], [0.3, 0.4, 0.6, 0.5]
+    # first crossing of 0.5 between (100, 0.4) and (200, 0.6): 100 + (0.5 - 0.4) / (0.6 - 0.4) * 100 = 150
+    assert stats.time_to_accuracy(wall, acc, 0.5) == pytest.approx(150.0, abs=1e-9)
+    assert stats.time_to_accuracy(wall, acc, 0.6) == 200.0  # reached exactly at an evaluation
+    assert stats.time_to_accuracy(wall, acc, 0.3) == 0.0  # already there before training
+    assert stats.time_to_accuracy(wall, acc, 0.7) == math.inf  # never reached
+
+
+def test_bootstrap_statistic_by_hand():
+    # the min of 3 draws from (inf, 1, 2): P(min = inf) = (1/3)^3 = 1/27 = 0.037 > 0.025, so the 97.5%
+    # quantile is inf; P(min = 1) = 1 - (2/3)^3 = 19/27 > 0.025, so the 2.5% quantile is 1
+    x = np.array([math.inf, 1.0, 2.0])
+    assert stats.bootstrap_ci(np.arange(3), statistic=lambda i: x[i].min()) == (1.0, math.inf)
+    # paired seeds are drawn together: b = a + 1 seed by seed, so every resample's mean difference is 1
+    a = np.array([0.1, 0.7, 0.4, 0.9])
+    lo, hi = stats.bootstrap_ci(np.arange(4), statistic=lambda i: (a[i] + 1 - a[i]).mean())
+    assert (lo, hi) == pytest.approx((1.0, 1.0), abs=1e-12)
+
+
+def _power_run(root: Path, h: int, seed: int, evals: dict[int, float], round_s: list[float], finished=True):
+    run = root / "runs" / f"rapid_h{h}_s{seed}"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "algorithm": {"name": "rapid", "H": h}}))
+    (run / "meta.json").write_text(json.dumps({"cpu": "Test CPU, vector extensions: avx2", "git_commit": "abc"}))
+    rows = [{"round": k, "eval/accuracy": a, "eval/n": 200} for k, a in evals.items() if k == 0]
+    for k, s in enumerate(round_s, start=1):
+        rows.append({"round": k, "samples": 4 * k, "time/round_s": s})
+        if k in evals:
+            rows.append({"round": k, "eval/accuracy": evals[k], "eval/n": 200})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if finished:
+        (run / "summary.json").write_text(json.dumps({"eval/accuracy_after": evals[max(evals)]}))
+    return run
+
+
+def test_power_report_by_hand(tmp_path):
+    _power_run(tmp_path, 1, 0, {0: 0.3, 1: 0.4, 2: 0.5}, [10.0, 10.0])
+    pg1 = _power_run(tmp_path, 1, 1, {1: 0.5, 2: 0.7}, [12.0, 12.0])
+    # resumed from the round-1 checkpoint: round 2 ran twice, its last record counts (12 s, not 99 s)
+    lines = (pg1 / "metrics.jsonl").read_text().splitlines()
+    (pg1 / "metrics.jsonl").write_text(
+        "\n".join(lines[:2] + [json.dumps({"round": 2, "samples": 8, "time/round_s": 99.0})] + lines[2:]) + "\n"
+    )
+    _power_run(tmp_path, 8, 0, {0: 0.3, 1: 0.6, 2: 0.5}, [5.0, 5.0])
+    _power_run(tmp_path, 8, 1, {1: 0.4, 2: 0.9}, [6.0, 6.0])
+    _power_run(tmp_path, 1, 2, {1: 0.9, 2: 0.9}, [7.0, 7.0])  # no RAPID partner: in runs.csv, not paired
+    _power_run(tmp_path, 8, 2, {1: 0.1}, [7.0], finished=False)  # unfinished: ignored
+    text = stats.main(["--power", str(tmp_path)])
+    s = stats.power_summary(stats.power_runs(tmp_path), 1, 8)
+    assert s["seeds"] == [0, 1] and s["base"] == 0.3 and s["samples"][1] == [0, 4, 8]
+    # PG, mean over seeds 0 and 1 (seed 1's round 0 is the base model's 0.3): accuracy (0.3, 0.45, 0.6) at
+    # (0, 11, 22) s. The target is 0.6, first reached at its last point: 22 s.
+    assert s["target"] == pytest.approx(0.6, abs=1e-12)
+    assert s[1]["tta"] == pytest.approx(22.0, abs=1e-9)
+    # RAPID: (0.3, 0.5, 0.7) at (0, 5.5, 11) s: 5.5 + (0.6 - 0.5) / (0.7 - 0.5) * 5.5 = 8.25 s
+    assert s[8]["tta"] == pytest.approx(8.25, abs=1e-9)
+    assert s["diff_tta"] == pytest.approx(8.25 - 22.0, abs=1e-9)
+    assert s["ratio_tta"] == pytest.approx(0.375, abs=1e-12)
+    # final accuracies (0.5, 0.7) and (0.5, 0.9): paired differences (0, 0.2), mean 0.1
+    assert s[1]["final"]["mean"] == pytest.approx(0.6) and s["diff_final"]["mean"] == pytest.approx(0.1)
+    # on their own curves: PG seed 0 (0.3, 0.4, 0.5) never reaches 0.6, seed 1 does; both RAPID seeds do
+    assert (s[1]["reached"], s[8]["reached"]) == (1, 2)
+    assert s[1]["wall_end"]["mean"] == pytest.approx(22.0)
+    with (tmp_path / "runs.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 + 2 + 3 + 2 + 2
+    assert list(rows[0]) == ["method", "H", "seed", "samples", "wall_s", "eval_n", "accuracy"]
+    pg1_rows = [
+        (r["samples"], float(r["wall_s"]), r["accuracy"]) for r in rows if r["method"] == "PG" and r["seed"] == "1"
+    ]
+    assert pg1_rows == [("4", 12.0, "0.5"), ("8", 24.0, "0.7")]
+    assert "paired seeds (both finished): 2 (0 1)" in text and "PG 3, RAPID H=8 2" in text
+    assert (tmp_path / "power.md").read_text() == text and (tmp_path / "power.png").stat().st_size > 0
+
+
+def test_power_round0_disagreement_is_one_sentence(tmp_path):
+    _power_run(tmp_path, 1, 0, {0: 0.3, 1: 0.4}, [10.0])
+    _power_run(tmp_path, 8, 0, {0: 0.2, 1: 0.4}, [10.0])
+    with pytest.raises(SystemExit, match="round-0 evaluations disagree"):
+        stats.main(["--power", str(tmp_path)])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -207,6 +208,33 @@ def draw_accuracy(curves, colors: dict[str, str], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle("held-out accuracy (mean over seeds, band: min-max)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def draw_power(summary: dict, h_pg: int, h_rapid: int, path: Path) -> None:
+    """tools/stats.py --power's figure: held-out accuracy against training-loop wall time and against samples,
+    each method's mean over the paired seeds with its 95% bootstrap band, the target (PG's final accuracy)
+    and where each mean curve reaches it."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for h, color in ((h_pg, "tab:blue"), (h_rapid, "tab:orange")):
+        c, label = summary[h]["curve"], f"{summary['methods'][h]} ({summary['n']} seeds)"
+        lo, hi = (np.array([ci[k] for ci in c["ci"]]) for k in (0, 1))
+        for ax, x in ((axes[0], c["wall_s"]), (axes[1], c["samples"])):
+            ax.plot(x, c["mean"], marker="o", ms=3, color=color, label=label)
+            ax.fill_between(x, lo, hi, color=color, alpha=0.2, linewidth=0)
+        if math.isfinite(summary[h]["tta"]):
+            axes[0].axvline(summary[h]["tta"], color=color, ls=":", lw=1)
+    for ax in axes:
+        ax.axhline(summary["target"], color="gray", ls="--", lw=1, label="PG's final accuracy")
+        ax.set_ylabel("held-out accuracy")
+        ax.grid(alpha=0.3)
+    axes[0].set_xlabel("training-loop wall time (s; dotted: time to PG's final accuracy)")
+    axes[1].set_xlabel("training samples")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("held-out accuracy (mean over seeds, band: 95% bootstrap interval over seeds)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

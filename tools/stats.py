@@ -41,6 +41,7 @@ import math
 import re
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -142,9 +143,24 @@ def bootstrap_accuracy(
 
 
 def bootstrap_ci(
-    values: list[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+    values: list[float],
+    level: float = 0.95,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+    statistic: Callable[[np.ndarray], float] | None = None,
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean (resampling the values with replacement)."""
+    """Percentile bootstrap interval of the mean (resampling the values with replacement). With `statistic`,
+    the interval of statistic(values[resample]) instead, its quantiles taken as order statistics (the
+    inverted empirical CDF: a statistic may be inf, e.g. a time to an accuracy that is never reached); pass
+    seed indices as the values to resample paired seeds together."""
+    if statistic is not None:
+        v = np.asarray(values)
+        if len(v) == 0:
+            return math.nan, math.nan
+        rng = np.random.default_rng(seed)
+        draws = np.array([statistic(v[i]) for i in rng.integers(0, len(v), size=(resamples, len(v)))], dtype=float)
+        lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2], method="inverted_cdf")
+        return float(lo), float(hi)
     if len(values) == 0:
         return math.nan, math.nan
     if len(values) == 1:
@@ -401,14 +417,237 @@ def markdown(rows: list[dict], corr: list[dict], all_runs: bool, common: list[st
     return "\n".join(lines) + "\n"
 
 
+# ----------------------------------------------------------------------------- RAPID against PG: time to accuracy
+
+
+def time_to_accuracy(wall_s: list[float], accuracy: list[float], target: float) -> float:
+    """The training-loop time at which a learning curve (its evaluations in training order: wall_s[j],
+    accuracy[j]) first reaches `target`: linear between the two evaluations around the first crossing,
+    wall_s[0] if the first evaluation is already there, inf if no evaluation reaches it."""
+    for j, a in enumerate(accuracy):
+        if a >= target:
+            if j == 0:
+                return float(wall_s[0])
+            a0, t0, t1 = accuracy[j - 1], wall_s[j - 1], wall_s[j]
+            return float(t0 + (target - a0) / (a - a0) * (t1 - t0))
+    return math.inf
+
+
+def eval_points(run: Path) -> list[dict]:
+    """A run's held-out evaluations in training order: samples trained on, training-loop time up to them
+    (the sum of `time/round_s` over the rounds before; a run resumed from a checkpoint repeats the rounds
+    after it, and each round counts once, its last record), eval_n and accuracy."""
+    rows = read_rows(run)
+    rounds = {r["round"]: r for r in rows if "time/round_s" in r and "round" in r}
+    evals = {r["round"]: r for r in rows if "eval/accuracy" in r and "round" in r}
+    points = []
+    for k, e in sorted(evals.items()):
+        done = [rounds[j] for j in sorted(rounds) if j <= k]
+        points.append(
+            {
+                "samples": done[-1]["samples"] if done else 0,
+                "wall_s": sum(r["time/round_s"] for r in done),
+                "eval_n": e.get("eval/n"),
+                "accuracy": e["eval/accuracy"],
+            }
+        )
+    return points
+
+
+def power_method(h) -> str:
+    return "PG" if h == 1 else f"RAPID H={h}"
+
+
+def power_runs(out: Path) -> list[dict]:
+    """The finished runs (a summary.json) under out/runs: method, H, seed, CPU and evaluation points."""
+    runs = []
+    for run in find_runs([out / "runs"]):
+        if not (run / "summary.json").exists():
+            continue
+        cfg = run_config(run)
+        h = cfg.get("algorithm", {}).get("H")
+        meta = json.loads((run / "meta.json").read_text()) if (run / "meta.json").exists() else {}
+        runs.append(
+            {
+                "method": power_method(h),
+                "H": h,
+                "seed": config_and_seed(run, cfg)[1],
+                "cpu": meta.get("cpu"),
+                "git": meta.get("git_commit"),
+                "points": eval_points(run),
+            }
+        )
+    return sorted(runs, key=lambda r: (r["seed"], r["H"]))
+
+
+def power_summary(runs: list[dict], h_pg: int = 1, h_rapid: int = 8) -> dict:
+    """RAPID H = h_rapid against PG over the seeds where both finished. The target is PG's final accuracy
+    (the mean over seeds at its last evaluation); each method's time to it is read off its mean curve (mean
+    accuracy against mean training-loop time at each evaluation, time_to_accuracy). The intervals are 95%
+    percentile bootstraps over seeds, a resample drawing (PG, RAPID) pairs of one seed together and
+    recomputing the target, both times, their difference and ratio. A run without a round-0 evaluation takes
+    the base model's accuracy from the runs that made one (greedy decoding of the same weights)."""
+    base = sorted({p["accuracy"] for r in runs for p in r["points"] if p["samples"] == 0})
+    if len(base) > 1:
+        raise SystemExit(f"the round-0 evaluations disagree ({base}): the runs did not start from the same model")
+    by = {(r["H"], r["seed"]): r for r in runs}
+    seeds = sorted({s for h, s in by if h == h_pg} & {s for h, s in by if h == h_rapid})
+    methods = {h_pg: power_method(h_pg), h_rapid: power_method(h_rapid)}
+    wall, acc, samples = {}, {}, {}
+    for h in methods:
+        curves = []
+        for s in seeds:
+            points = by[(h, s)]["points"]
+            if base and points[0]["samples"] != 0:
+                points = [{"samples": 0, "wall_s": 0.0, "accuracy": base[0]}, *points]
+            curves.append(points)
+        grids = {tuple(p["samples"] for p in c) for c in curves}
+        if len(grids) > 1:
+            raise SystemExit(f"{methods[h]}'s seeds were evaluated at different samples ({sorted(grids)})")
+        samples[h] = list(grids.pop()) if grids else []
+        wall[h] = np.array([[p["wall_s"] for p in c] for c in curves], dtype=float)
+        acc[h] = np.array([[p["accuracy"] for p in c] for c in curves], dtype=float)
+    n = len(seeds)
+    out = {"seeds": seeds, "base": base[0] if base else None, "methods": methods, "samples": samples, "n": n}
+    if n == 0:
+        return out
+
+    def target(i):
+        return acc[h_pg][i].mean(0)[-1]
+
+    def tta(h, i):
+        return time_to_accuracy(wall[h][i].mean(0), acc[h][i].mean(0), target(i))
+
+    every = np.arange(n)
+    out["target"] = float(target(every))
+    for h in methods:
+        final = describe(list(acc[h][:, -1]))
+        out[h] = {
+            "final": final,
+            "wall_end": describe(list(wall[h][:, -1])),
+            "tta": tta(h, every),
+            "tta_ci": bootstrap_ci(every, statistic=lambda i, h=h: tta(h, i)),
+            "reached": int(sum(time_to_accuracy(w, a, out["target"]) < math.inf for w, a in zip(wall[h], acc[h]))),
+            "curve": {
+                "samples": samples[h],
+                "wall_s": wall[h].mean(0),
+                "mean": acc[h].mean(0),
+                "ci": [bootstrap_ci(list(acc[h][:, j])) for j in range(acc[h].shape[1])],
+            },
+        }
+    out["diff_final"] = describe(list(acc[h_rapid][:, -1] - acc[h_pg][:, -1]))
+    out["diff_tta"] = tta(h_rapid, every) - tta(h_pg, every)
+    out["diff_tta_ci"] = bootstrap_ci(every, statistic=lambda i: tta(h_rapid, i) - tta(h_pg, i))
+    out["ratio_tta"] = tta(h_rapid, every) / tta(h_pg, every)
+    out["ratio_tta_ci"] = bootstrap_ci(every, statistic=lambda i: tta(h_rapid, i) / tta(h_pg, i))
+    return out
+
+
+def power_markdown(s: dict, runs: list[dict], h_pg: int, h_rapid: int) -> str:
+    pg, rapid = s["methods"][h_pg], s["methods"][h_rapid]
+    counts = Counter(r["method"] for r in runs)
+    lines = [
+        f"# {rapid} against {pg}: time to accuracy",
+        "",
+        f"Finished runs: {', '.join(f'{m} {counts[m]}' for m in (pg, rapid))}; paired seeds (both finished): "
+        f"{s['n']} ({' '.join(map(str, s['seeds'])) or 'none'}). CPU: {'; '.join(sorted({str(r['cpu']) for r in runs}))}.",
+        "",
+    ]
+    if s["n"] == 0:
+        return "\n".join(lines + ["No seed has both runs finished yet.", ""])
+
+    def ci(d, digits=3):
+        return f"{d['mean']:.{digits}f} [{d['ci_low']:.{digits}f}, {d['ci_high']:.{digits}f}]"
+
+    def t(x):
+        return "not reached" if not math.isfinite(x) else f"{x:.0f}"
+
+    lines += [
+        f"Base model: {s['base']:.3f}. Target: {pg}'s final accuracy, **{s['target']:.3f}** (mean over the "
+        f"paired seeds). Times are training-loop seconds (the sum of `time/round_s`; model loading, engine "
+        "start-up and evaluation excluded) read off each method's mean curve; intervals are 95% percentile "
+        "bootstraps over seeds (10,000 resamples, pairs of one seed drawn together, the target recomputed "
+        "in each).",
+        "",
+        "| method | seeds | final accuracy, mean [95% CI] | training-loop s at the end | s to the target [95% CI] "
+        "| seeds reaching the target on their own curve |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for h in (h_pg, h_rapid):
+        m = s[h]
+        lo, hi = m["tta_ci"]
+        lines.append(
+            f"| {s['methods'][h]} | {s['n']} | {ci(m['final'])} | {ci(m['wall_end'], 0)} | "
+            f"{t(m['tta'])} [{t(lo)}, {t(hi)}] | {m['reached']} / {s['n']} |"
+        )
+    (dlo, dhi), (rlo, rhi) = s["diff_tta_ci"], s["ratio_tta_ci"]
+
+    def r(x):
+        return "inf" if not math.isfinite(x) else f"{x:.2f}"
+
+    lines += [
+        "",
+        f"Paired, {rapid} − {pg}: final accuracy {ci(s['diff_final'])}; time to the target (s) "
+        f"{t(s['diff_tta'])} [{t(dlo)}, {t(dhi)}]; "
+        f"ratio of the times {r(s['ratio_tta'])} [{r(rlo)}, {r(rhi)}].",
+        "",
+        "| method | samples | training-loop s (mean) | accuracy, mean [95% CI over seeds] |",
+        "|---|---:|---:|---:|",
+    ]
+    for h in (h_pg, h_rapid):
+        c = s[h]["curve"]
+        for j, n in enumerate(c["samples"]):
+            lo, hi = c["ci"][j]
+            lines.append(
+                f"| {s['methods'][h]} | {n} | {c['wall_s'][j]:.0f} | {c['mean'][j]:.3f} [{lo:.3f}, {hi:.3f}] |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def power_report(out: Path, h_pg: int = 1, h_rapid: int = 8) -> str:
+    """runs.csv (one row per finished run and evaluation), power.md and power.png in `out`."""
+    runs = power_runs(out)
+    if not runs:
+        raise SystemExit(
+            f"no finished run (with summary.json) under {out / 'runs'}: run experiments/rapid_vs_pg_power.sh"
+        )
+    with (out / "runs.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["method", "H", "seed", "samples", "wall_s", "eval_n", "accuracy"])
+        writer.writeheader()
+        for r in runs:
+            for p in r["points"]:
+                writer.writerow({"method": r["method"], "H": r["H"], "seed": r["seed"], **p})
+    s = power_summary(runs, h_pg, h_rapid)
+    text = power_markdown(s, runs, h_pg, h_rapid)
+    (out / "power.md").write_text(text)
+    if s["n"]:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from figures import draw_power
+
+        draw_power(s, h_pg, h_rapid, out / "power.png")
+    return text
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "paths", nargs="+", type=Path, help="multirun folders, bench_rl output folders or run directories"
+        "paths", nargs="*", type=Path, help="multirun folders, bench_rl output folders or run directories"
     )
+    parser.add_argument(
+        "--power",
+        type=Path,
+        help="instead: RAPID against PG in this experiments/rapid_vs_pg_power.sh folder (runs.csv, power.md, power.png)",
+    )
+    parser.add_argument("--power-h", type=int, nargs=2, default=[1, 8], metavar=("PG_H", "RAPID_H"))
     parser.add_argument("--out", type=Path, help="also write stats.md, stats.csv and correlations.csv here")
     parser.add_argument("--all-runs", action="store_true", help="correlate H over every run that has one, any loss")
     args = parser.parse_args(argv)
+    if args.power:
+        text = power_report(args.power, *args.power_h)
+        print(text)
+        return text
+    if not args.paths:
+        parser.error("give the runs' folders (or --power <folder>)")
     runs = [read_run(r) for r in find_runs(args.paths)]
     if not runs:
         raise SystemExit(
