@@ -189,6 +189,17 @@ def timing_metrics(phases: dict[str, float], round_s: float, tokens_all_ranks: i
     }
 
 
+def progress_fields(row: dict, H: int) -> dict[str, str | int]:
+    """The progress bar's fields after a round: reward, clipped fraction, staleness, H, seconds per round."""
+    return {
+        "reward": f"{row['train/reward_mean']:.3f}",
+        "clip": f"{row.get('iw/clip_frac', 0):.2f}",
+        "stale": f"{row.get('iw/staleness', 0):.3f}",
+        "H": H,
+        "s_round": f"{row['time/round_s']:.1f}",
+    }
+
+
 def summarize(rows: list[dict], final: dict) -> dict:
     """summary.json's accuracies, totals and averages from the run's logged rows (rank 0's)."""
     evals = [r for r in rows if "eval/accuracy" in r]

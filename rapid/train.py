@@ -59,7 +59,15 @@ from rapid.data import PromptStream
 from rapid.distributed import all_reduce_sum, print0
 from rapid.evaluate import evaluate
 from rapid.iw_grpg import masked_mean, normalized_ess
-from rapid.logger import MetricsLogger, config_summary, round_row, run_dir_line, summarize, write_run_files
+from rapid.logger import (
+    MetricsLogger,
+    config_summary,
+    progress_fields,
+    round_row,
+    run_dir_line,
+    summarize,
+    write_run_files,
+)
 from rapid.losses import overlong_penalty
 from rapid.mismatch import scale_gradient, truncated_is_factors
 from rapid.models import load_model_and_tokenizer
@@ -102,9 +110,10 @@ def sample_and_score(
     round_: int,
     attempt: int,
     n_prompts: int,
+    clock: PhaseClock,
+    *,
     rank: int,
     world: int,
-    clock: PhaseClock,
 ) -> tuple[list[Rollout], int]:
     """Algorithm 1's steps 1-3 on this rank: the stream's next `n_prompts` training problems (over all
     ranks; this rank takes every world-th), n_group completions each with μ = π_θ, seeds from (round,
@@ -334,7 +343,9 @@ def train(cfg: DictConfig) -> dict:
     print0(
         self_test(task, train_records, cfg.reward.self_test, workers=cfg.reward.workers, timeout=cfg.reward.timeout_s)
     )
-    sample = functools.partial(sample_and_score, cfg, sampler, task, train_records, train_prompts, stream)
+    sample = functools.partial(
+        sample_and_score, cfg, sampler, task, train_records, train_prompts, stream, rank=rank, world=world
+    )
     run_eval = functools.partial(
         eval_and_log, cfg, sampler, task, eval_records, eval_prompts, logger, rank=rank, world=world, device=device
     )
@@ -360,10 +371,10 @@ def train(cfg: DictConfig) -> dict:
         n_prompts = H * a.n_step // a.n_group  # prompts per round, over all ranks
         clock = PhaseClock(device)
         # 1-3. prompts X_t (the round's n_inference / n_group), sampled with μ = π_θ and scored
-        rollouts, failed = sample(round_, 0, n_prompts, rank, world, clock)
+        rollouts, failed = sample(round_, 0, n_prompts, clock)
         dropped = None
         if a.dynamic_sampling:  # DAPO: drop all-equal groups, sample more prompts until full
-            more = lambda attempt: sample(round_, attempt, n_prompts, rank, world, clock)
+            more = lambda attempt: sample(round_, attempt, n_prompts, clock)  # DAPO's next prompts, same round
             target = len(range(rank, n_prompts, world)) * a.n_group  # this rank's records
             rollouts, failed, dropped = dynamic_sampling(
                 rollouts, failed, more, a.dynamic_sampling_tries, target, a.n_step // world, device
@@ -454,13 +465,7 @@ def train(cfg: DictConfig) -> dict:
                 ),
             )
         bar.update(H * a.n_step)
-        bar.set_postfix(
-            reward=f"{row['train/reward_mean']:.3f}",
-            clip=f"{row.get('iw/clip_frac', 0):.2f}",
-            stale=f"{row.get('iw/staleness', 0):.3f}",
-            H=H,
-            s_round=f"{row['time/round_s']:.1f}",
-        )
+        bar.set_postfix(**progress_fields(row, H))
         last = samples_done >= cfg.samples
         crossed = samples_done // every_samples > (samples_done - H * a.n_step) // every_samples
         if (cfg.eval.every and (round_ + 1) % cfg.eval.every == 0) or crossed or last:
