@@ -56,7 +56,8 @@ advances over the unused ones too, so it ends where the budget ends.
 All inputs are averaged over ranks before they reach the controller, so every rank computes the
 same H. `State.state_dict()` goes into the checkpoint: a resumed run continues with the same H
 sequence (exactly so with τ = 0; with τ > 0 as far as the times it measures after resuming agree).
-Pure functions of plain numbers: no model, no config object, no I/O.
+Pure functions of plain numbers: no model, no config object, no I/O; `end_round`, what rapid.train
+calls after each round, adds the one collective (the phase times averaged over ranks).
 """
 
 from __future__ import annotations
@@ -221,3 +222,35 @@ def update(state: State, settings: Settings, r: Round) -> tuple[State, dict]:
             "algorithm/predicted_s_per_sample": cost_per_sample(h_next, *fit, state, n),
         }
     return replace(state, H=h_next), log
+
+
+def end_round(
+    state: State,
+    settings: Settings,
+    H: int,
+    ess: Sequence[tuple[int, float]],
+    steps: int,
+    row: dict,
+    world: int,
+    device,
+) -> tuple[State, dict]:
+    """After a round of `H` planned steps, `steps` of them applied (fewer when it stopped early) with the
+    ESS `ess`: its phase times (`row`'s `time/*_s`) averaged over ranks, `update`, and the round's
+    `algorithm/*` log (H, steps, the samples generated but not trained on, and `update`'s)."""
+    from rapid.distributed import all_reduce_sum
+
+    times = all_reduce_sum(
+        [row[f"time/{p}_s"] / world for p in ("generate", "reward", "recompute", "train", "sync", "other")], device
+    )
+    measured = Round(
+        H,
+        ess,
+        generate_s=times[0],
+        reward_s=times[1] + times[2],
+        train_s=times[3],
+        fixed_s=times[4] + times[5],
+        steps=steps + (steps < H),  # + the early-stopped step, computed
+    )
+    state, decision = update(state, settings, measured)
+    unused = (H - steps) * settings.n_step
+    return state, {"algorithm/H": H, "algorithm/steps": steps, "algorithm/unused_samples": unused, **decision}

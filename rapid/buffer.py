@@ -11,13 +11,19 @@ all siblings), and the order is a seeded shuffle of the groups.
 
 `collate` turns whole groups into padded tensors: one left-padded prompt row per group and one
 right-padded completion row per record, so that the policy can run each shared prompt once.
+
+`dynamic_sampling` is DAPO's: a round keeps only the groups whose rewards differ, samples more prompts
+until it has its records back, and trains on a whole number of minibatches.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from rapid.distributed import all_reduce_max
 
 
 @dataclass
@@ -181,3 +187,40 @@ def keep_informative_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], int
         else:
             dropped += 1
     return kept, dropped
+
+
+def trim_to_minibatches(rollouts: list[Rollout], local_step: int, target: int, device) -> list[Rollout]:
+    """After dynamic sampling: at most `target` records, a whole number of minibatches, and the same
+    number on every rank (DDP needs equal step counts)."""
+    n = min(len(rollouts), target) // local_step * local_step
+    n = -int(all_reduce_max(-n, device))
+    if n == 0:
+        raise RuntimeError(
+            "dynamic sampling found no informative group within algorithm.dynamic_sampling_tries "
+            "attempts; raise it or check the reward"
+        )
+    return rollouts[:n]
+
+
+def dynamic_sampling(
+    rollouts: list[Rollout],
+    failed: int,
+    sample_more: Callable[[int], tuple[list[Rollout], int]],
+    tries: int,
+    target: int,
+    local_step: int,
+    device,
+) -> tuple[list[Rollout], int, int]:
+    """DAPO's dynamic sampling of one round on this rank: keep the informative groups of `rollouts`
+    (`keep_informative_groups`); while fewer than `target` records are kept, call `sample_more(attempt)`
+    (attempt = 1 .. tries - 1: a fresh batch of prompts, sampled and scored, and its reward failures) and
+    keep its informative groups too; then `trim_to_minibatches`. Returns (records, reward failures,
+    groups dropped)."""
+    rollouts, dropped = keep_informative_groups(rollouts)
+    for attempt in range(1, tries):
+        if len(rollouts) >= target:
+            break
+        extra, f = sample_more(attempt)
+        extra, d = keep_informative_groups(extra)
+        rollouts, failed, dropped = rollouts + extra, failed + f, dropped + d
+    return trim_to_minibatches(rollouts, local_step, target, device), failed, dropped

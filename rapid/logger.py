@@ -7,6 +7,9 @@ log μ (`logp_mu`) and log π_θ after the round's updates (`logp_pi`); every ev
 greedy verdicts go to <run_dir>/eval_outcomes.jsonl. Only rank 0 writes. The W&B run id is kept in
 <run_dir>/wandb_id, so that a resumed run logs into the same W&B run. On resume, rows after
 the checkpoint's round are dropped first, so the files read as if the run had never stopped.
+
+`round_row` builds a training round's row (sums over ranks, then means; times and memory are rank 0's),
+`summarize` the run's summary.json from the rows.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from statistics import mean
 
 
 def git_commit() -> str | None:
@@ -80,6 +84,140 @@ def run_dir_line(run_dir: Path, finished: bool = False) -> str:
     if finished:
         return f"run directory: {run_dir} (config.yaml, metrics.jsonl, summary.json)"
     return f"run directory: {run_dir}"
+
+
+PHASES = ("generate", "reward", "recompute", "train", "sync")  # a round's timed phases (+ other)
+STAT_NAMES = {
+    "clip_frac": "iw/clip_frac",
+    "staleness": "iw/staleness",
+    "log_w_mean": "iw/log_w_mean",
+    "iw_mean": "iw/mean",
+    "loss": "train/loss",
+    "trained_frac": "train/trained_frac",
+    "clipped_mass": "iw/clipped_mass",
+    "correction_ratio_mean": "sampler/correction_ratio_mean",
+    "correction_trunc_frac": "sampler/correction_trunc_frac",
+}
+
+
+def round_row(
+    round_: int,
+    samples: int,
+    epoch: float,
+    rollouts: list,
+    steps: list[dict],
+    failed: int,
+    mismatch: float | None,
+    nonfinite_steps: int,
+    phases: dict[str, float],
+    round_s: float,
+    wall_s: float,
+    world: int,
+    device,
+    dropped: int | None = None,
+) -> dict:
+    """A training round's row of metrics.jsonl: where the run is (`round`, `samples` generated, `epoch`),
+    `round_metrics`, the steps skipped as non-finite, `timing_metrics` (rank 0's `PhaseClock.row()`), the
+    run's wall time and, with DAPO's dynamic sampling, the groups it dropped (summed over ranks)."""
+    from rapid import distributed
+
+    row = {
+        "round": round_,
+        "samples": samples,
+        "epoch": epoch,
+        **round_metrics(rollouts, steps, failed, mismatch, world, device),
+        "train/nonfinite_steps": nonfinite_steps,
+        **timing_metrics(phases, round_s, sum(len(r.completion_ids) for r in rollouts) * world),
+        "wall_s": wall_s,
+    }
+    if dropped is not None:
+        row["train/dropped_groups"] = int(distributed.all_reduce_sum([dropped], device)[0])
+    return row
+
+
+def round_metrics(
+    rollouts: list, steps: list[dict], failed: int, mismatch: float | None, world: int, device
+) -> dict[str, float]:
+    """A round's training metrics, over all ranks: reward and completion statistics per record, the
+    loss's statistics averaged over the round's steps, and the sampler/trainer log-prob gap (the
+    recompute's, else the first step's, where θ = μ). A statistic is averaged over the steps that
+    report it: `loss` and `trained_frac` over every step, the others over the steps that ran records
+    (a step whose every group has advantage 0 runs none, `rapid.policy.accumulate_gradients`)."""
+    from rapid import distributed
+
+    keys = dict.fromkeys(k for s in steps for k in s)
+    loss_keys = [k for k in keys if k not in ("iw_max", "token_logp_gap", "grad_norm", "lr")]
+    gap = steps[0].get("token_logp_gap") if mismatch is None else mismatch
+    sums = distributed.all_reduce_sum_dict(
+        {
+            "records": len(rollouts),
+            "failures": failed,
+            "reward": sum(r.reward for r in rollouts),
+            "correct": sum(r.task_reward == 1.0 for r in rollouts),  # before DAPO's overlong penalty
+            "tokens": sum(len(r.completion_ids) for r in rollouts),
+            "truncated": sum(r.truncated for r in rollouts),
+            **({"gap": gap} if gap is not None else {}),
+            **{f"step/{k}": mean([s[k] for s in steps if k in s]) for k in loss_keys},
+        },
+        device,
+    )
+    n = max(sums["records"], 1)
+    row = {
+        "train/reward_mean": sums["reward"] / n,
+        "train/accuracy": sums["correct"] / n,
+        "train/completion_len": sums["tokens"] / n,
+        "train/truncated_frac": sums["truncated"] / n,
+        "train/reward_failures": int(sums["failures"]),
+        **({"sampler/logprob_mismatch": sums["gap"] / world} if "gap" in sums else {}),
+        **{STAT_NAMES.get(k, f"loss/{k}"): sums[f"step/{k}"] / world for k in sorted(loss_keys)},
+        "train/grad_norm": steps[-1]["grad_norm"],
+        "train/lr": steps[-1]["lr"],
+    }
+    if "iw_max" in keys:
+        row["iw/max"] = distributed.all_reduce_max(max(s["iw_max"] for s in steps if "iw_max" in s), device)
+    return row
+
+
+def timing_metrics(phases: dict[str, float], round_s: float, tokens_all_ranks: int) -> dict[str, float]:
+    """The round's phase times (rank 0's; PhaseClock's row, and memory), the rest as `other`, tokens/s."""
+    phases = {f"time/{p}_s": 0.0 for p in PHASES} | phases
+    return {
+        **phases,
+        "time/other_s": round_s - sum(phases[f"time/{p}_s"] for p in PHASES),
+        "time/round_s": round_s,
+        "sampler/tokens_per_s": tokens_all_ranks / max(phases["time/generate_s"], 1e-9),
+    }
+
+
+def progress_fields(row: dict, H: int) -> dict[str, str | int]:
+    """The progress bar's fields after a round: reward, clipped fraction, staleness, H, seconds per round."""
+    return {
+        "reward": f"{row['train/reward_mean']:.3f}",
+        "clip": f"{row.get('iw/clip_frac', 0):.2f}",
+        "stale": f"{row.get('iw/staleness', 0):.3f}",
+        "H": H,
+        "s_round": f"{row['time/round_s']:.1f}",
+    }
+
+
+def summarize(rows: list[dict], final: dict) -> dict:
+    """summary.json's accuracies, totals and averages from the run's logged rows (rank 0's)."""
+    evals = [r for r in rows if "eval/accuracy" in r]
+    train_rows = [r for r in rows if "train/reward_mean" in r]
+    memory = sorted({k for r in train_rows for k in r if k.startswith("mem/") and k != "mem/peak_is_process"})
+    return {
+        "eval/accuracy_before": evals[0]["eval/accuracy"] if evals and evals[0]["round"] == 0 else None,
+        "eval/accuracy_after": final["eval/accuracy"],
+        "unused_samples": sum(r.get("algorithm/unused_samples", 0) for r in train_rows),
+        "time/rounds_s_total": sum(r["time/round_s"] for r in train_rows),
+        **{f"time/{p}_s_total": sum(r[f"time/{p}_s"] for r in train_rows) for p in (*PHASES, "other")},
+        **{  # over the rounds that trained on records (paper Table 3; a round of zero advantages runs none)
+            f"{k}_avg": mean(r[k] for r in train_rows if k in r)
+            for k in ("iw/staleness", "iw/log_w_mean")
+            if any(k in r for r in train_rows)
+        },
+        **{f"{k}_max": max(r[k] for r in train_rows if k in r) for k in memory},
+    }
 
 
 def read_rows(path: Path) -> list[dict]:

@@ -28,12 +28,12 @@ its sample budget (`samples`) is spent.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import json
 import math
 import time
 from pathlib import Path
-from statistics import mean
 
 import hydra
 import torch
@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from rapid import adaptive_h, checkpoint, distributed, estimators
-from rapid.buffer import ReplayBuffer, Rollout, keep_informative_groups
+from rapid.buffer import ReplayBuffer, Rollout, dynamic_sampling
 from rapid.config import (
     ConfigError,
     check_known_keys,
@@ -56,10 +56,18 @@ from rapid.config import (
     validate,
 )
 from rapid.data import PromptStream
-from rapid.distributed import all_reduce_max, all_reduce_sum, print0
+from rapid.distributed import all_reduce_sum, print0
 from rapid.evaluate import evaluate
 from rapid.iw_grpg import masked_mean, normalized_ess
-from rapid.logger import MetricsLogger, config_summary, run_dir_line, write_run_files
+from rapid.logger import (
+    MetricsLogger,
+    config_summary,
+    progress_fields,
+    round_row,
+    run_dir_line,
+    summarize,
+    write_run_files,
+)
 from rapid.losses import overlong_penalty
 from rapid.mismatch import scale_gradient, truncated_is_factors
 from rapid.models import load_model_and_tokenizer
@@ -79,19 +87,6 @@ from rapid.seeding import BUFFER_STREAM, ENGINE_STREAM, EVAL_STREAM, PROMPT_STRE
 from rapid.sft import distill_and_sft
 from rapid.tasks import load_splits, record_id
 
-PHASES = ("generate", "reward", "recompute", "train", "sync")  # a round's timed phases (+ other)
-STAT_NAMES = {
-    "clip_frac": "iw/clip_frac",
-    "staleness": "iw/staleness",
-    "log_w_mean": "iw/log_w_mean",
-    "iw_mean": "iw/mean",
-    "loss": "train/loss",
-    "trained_frac": "train/trained_frac",
-    "clipped_mass": "iw/clipped_mass",
-    "correction_ratio_mean": "sampler/correction_ratio_mean",
-    "correction_trunc_frac": "sampler/correction_trunc_frac",
-}
-
 register_resolvers()
 
 
@@ -105,89 +100,113 @@ def lr_lambda(schedule: str, warmup: int, total: int):
     return f
 
 
-def trim_to_minibatches(rollouts: list[Rollout], local_step: int, target: int, device) -> list[Rollout]:
-    """After dynamic sampling: at most `target` records, a whole number of minibatches, and the same
-    number on every rank (DDP needs equal step counts)."""
-    n = min(len(rollouts), target) // local_step * local_step
-    n = -int(all_reduce_max(-n, device))
-    if n == 0:
-        raise RuntimeError(
-            "dynamic sampling found no informative group within algorithm.dynamic_sampling_tries "
-            "attempts; raise it or check the reward"
+def sample_and_score(
+    cfg: DictConfig,
+    sampler,
+    task,
+    records: list[dict],
+    prompts: list[list[int]],
+    stream: PromptStream,
+    round_: int,
+    attempt: int,
+    n_prompts: int,
+    clock: PhaseClock,
+    *,
+    rank: int,
+    world: int,
+) -> tuple[list[Rollout], int]:
+    """Algorithm 1's steps 1-3 on this rank: the stream's next `n_prompts` training problems (over all
+    ranks; this rank takes every world-th), n_group completions each with μ = π_θ, seeds from (round,
+    prompt, sample), scored (a crashed or timed-out checker scores 0 and is counted). Returns the
+    rollouts, with DAPO's overlong penalty in their reward, and the failures. `attempt` > 0: DAPO's
+    dynamic sampling drawing more prompts for the same round (their positions follow the first's)."""
+    a, t = cfg.algorithm, cfg.task
+    taken = stream.take(n_prompts)
+    positions = list(range(rank, n_prompts, world))
+    indices = [taken[p] for p in positions]
+    positions = [attempt * n_prompts + p for p in positions]
+    seeds = [derive_seed(cfg.seed, SAMPLE_STREAM, round_, p) for p in positions]
+    with clock.phase("generate"):
+        groups = sampler.generate(
+            [prompts[i] for i in indices],
+            n=a.n_group,
+            max_new_tokens=t.max_new_tokens,
+            temperature=cfg.sampler.temperature,
+            seeds=seeds,
         )
-    return rollouts[:n]
+    flat = [(p, i, c) for p, i, group in zip(positions, indices, groups) for c in group]
+    with clock.phase("reward"):
+        rewards, failed = score(
+            task,
+            [c.text for _, _, c in flat],
+            [records[i] for _, i, _ in flat],
+            workers=cfg.reward.workers,
+            timeout=cfg.reward.timeout_s,
+        )
+    scores = rewards  # the task's reward; DAPO's accuracy and dynamic sampling read it
+    if a.overlong_cache:  # DAPO's soft overlong punishment
+        lengths = torch.tensor([len(c.token_ids) for _, _, c in flat])
+        rewards = (
+            torch.tensor(rewards) + overlong_penalty(lengths, t.max_new_tokens, a.overlong_cache, a.overlong_penalty)
+        ).tolist()
+    return [
+        Rollout(
+            prompt_ids=prompts[i],
+            completion_ids=c.token_ids,
+            logp_mu=c.logprobs,
+            reward=r,
+            group_id=p,
+            truncated=c.finish_reason == "length",
+            text=c.text,
+            prompt_index=i,
+            score=s,
+        )
+        for (p, i, c), r, s in zip(flat, rewards, scores)
+    ], failed
 
 
-def round_metrics(
-    rollouts: list[Rollout], steps: list[dict], failed: int, mismatch: float | None, world: int, device: torch.device
-) -> dict[str, float]:
-    """A round's training metrics, over all ranks: reward and completion statistics per record, the
-    loss's statistics averaged over the round's steps, and the sampler/trainer log-prob gap (the
-    recompute's, else the first step's, where θ = μ). A statistic is averaged over the steps that
-    report it: `loss` and `trained_frac` over every step, the others over the steps that ran records
-    (a step whose every group has advantage 0 runs none, `rapid.policy.accumulate_gradients`)."""
-    keys = dict.fromkeys(k for s in steps for k in s)
-    loss_keys = [k for k in keys if k not in ("iw_max", "token_logp_gap", "grad_norm", "lr")]
-    gap = steps[0].get("token_logp_gap") if mismatch is None else mismatch
-    sums = distributed.all_reduce_sum_dict(
-        {
-            "records": len(rollouts),
-            "failures": failed,
-            "reward": sum(r.reward for r in rollouts),
-            "correct": sum(r.task_reward == 1.0 for r in rollouts),  # before DAPO's overlong penalty
-            "tokens": sum(len(r.completion_ids) for r in rollouts),
-            "truncated": sum(r.truncated for r in rollouts),
-            **({"gap": gap} if gap is not None else {}),
-            **{f"step/{k}": mean([s[k] for s in steps if k in s]) for k in loss_keys},
-        },
-        device,
+def eval_and_log(
+    cfg: DictConfig,
+    sampler,
+    task,
+    records: list[dict],
+    prompts: list[list[int]],
+    logger: MetricsLogger,
+    round_: int,
+    *,
+    rank: int,
+    world: int,
+    device: torch.device,
+    log: bool = True,
+) -> dict:
+    """The held-out evaluation (rapid/evaluate.py) after `round_` rounds: its row, logged with the
+    per-problem verdicts unless `log` is false, and a console line."""
+    t0 = time.perf_counter()
+    correct = []
+    row = evaluate(
+        sampler,
+        task,
+        records,
+        prompts,
+        max_new_tokens=cfg.task.max_new_tokens,
+        temperature=cfg.eval.temperature,
+        n_samples=cfg.eval.n_samples,
+        sample_temperature=cfg.sampler.temperature,
+        ks=tuple(cfg.eval.ks),
+        rank=rank,
+        world=world,
+        device=device,
+        seed=derive_seed(cfg.seed, EVAL_STREAM) % 2**31,
+        outcomes=correct,
+        workers=cfg.reward.workers,
+        timeout=cfg.reward.timeout_s,
     )
-    n = max(sums["records"], 1)
-    row = {
-        "train/reward_mean": sums["reward"] / n,
-        "train/accuracy": sums["correct"] / n,
-        "train/completion_len": sums["tokens"] / n,
-        "train/truncated_frac": sums["truncated"] / n,
-        "train/reward_failures": int(sums["failures"]),
-        **({"sampler/logprob_mismatch": sums["gap"] / world} if "gap" in sums else {}),
-        **{STAT_NAMES.get(k, f"loss/{k}"): sums[f"step/{k}"] / world for k in sorted(loss_keys)},
-        "train/grad_norm": steps[-1]["grad_norm"],
-        "train/lr": steps[-1]["lr"],
-    }
-    if "iw_max" in keys:
-        row["iw/max"] = all_reduce_max(max(s["iw_max"] for s in steps if "iw_max" in s), device)
+    row = {"round": round_, **row, "time/eval_s": time.perf_counter() - t0}
+    if log:
+        logger.log(row)
+        logger.log_eval_outcomes(round_, correct)
+    print0(f"eval @ round {round_}: accuracy {row['eval/accuracy']:.3f} on {row['eval/n']} problems")
     return row
-
-
-def timing_metrics(phases: dict[str, float], round_s: float, tokens_all_ranks: int) -> dict[str, float]:
-    """The round's phase times (rank 0's; PhaseClock's row, and memory), the rest as `other`, tokens/s."""
-    phases = {f"time/{p}_s": 0.0 for p in PHASES} | phases
-    return {
-        **phases,
-        "time/other_s": round_s - sum(phases[f"time/{p}_s"] for p in PHASES),
-        "time/round_s": round_s,
-        "sampler/tokens_per_s": tokens_all_ranks / max(phases["time/generate_s"], 1e-9),
-    }
-
-
-def summarize(rows: list[dict], final: dict) -> dict:
-    """summary.json's accuracies, totals and averages from the run's logged rows (rank 0's)."""
-    evals = [r for r in rows if "eval/accuracy" in r]
-    train_rows = [r for r in rows if "train/reward_mean" in r]
-    memory = sorted({k for r in train_rows for k in r if k.startswith("mem/") and k != "mem/peak_is_process"})
-    return {
-        "eval/accuracy_before": evals[0]["eval/accuracy"] if evals and evals[0]["round"] == 0 else None,
-        "eval/accuracy_after": final["eval/accuracy"],
-        "unused_samples": sum(r.get("algorithm/unused_samples", 0) for r in train_rows),
-        "time/rounds_s_total": sum(r["time/round_s"] for r in train_rows),
-        **{f"time/{p}_s_total": sum(r[f"time/{p}_s"] for r in train_rows) for p in (*PHASES, "other")},
-        **{  # over the rounds that trained on records (paper Table 3; a round of zero advantages runs none)
-            f"{k}_avg": mean(r[k] for r in train_rows if k in r)
-            for k in ("iw/staleness", "iw/log_w_mean")
-            if any(k in r for r in train_rows)
-        },
-        **{f"{k}_max": max(r[k] for r in train_rows if k in r) for k in memory},
-    }
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
@@ -321,81 +340,14 @@ def train(cfg: DictConfig) -> dict:
         stats["token_logp_gap"] = masked_mean((token_logp.detach() - batch.logp_mu).abs(), mask).item()
         return loss, stats | {f"correction_{k}": v for k, v in correction.items()}
 
-    def sample_and_score(
-        round_: int, positions: list[int], indices: list[int], clock: PhaseClock
-    ) -> tuple[list[Rollout], int]:
-        """n_group completions per prompt with μ = π_θ, seeds from (round, prompt, sample), scored
-        (a crashed or timed-out checker scores 0 and is counted)."""
-        seeds = [derive_seed(cfg.seed, SAMPLE_STREAM, round_, p) for p in positions]
-        with clock.phase("generate"):
-            groups = sampler.generate(
-                [train_prompts[i] for i in indices],
-                n=a.n_group,
-                max_new_tokens=t.max_new_tokens,
-                temperature=temperature,
-                seeds=seeds,
-            )
-        flat = [(p, i, c) for p, i, group in zip(positions, indices, groups) for c in group]
-        with clock.phase("reward"):
-            rewards, failed = score(
-                task,
-                [c.text for _, _, c in flat],
-                [train_records[i] for _, i, _ in flat],
-                workers=cfg.reward.workers,
-                timeout=cfg.reward.timeout_s,
-            )
-        scores = rewards  # the task's reward; DAPO's accuracy and dynamic sampling read it
-        if a.overlong_cache:  # DAPO's soft overlong punishment
-            lengths = torch.tensor([len(c.token_ids) for _, _, c in flat])
-            rewards = (
-                torch.tensor(rewards)
-                + overlong_penalty(lengths, t.max_new_tokens, a.overlong_cache, a.overlong_penalty)
-            ).tolist()
-        return [
-            Rollout(
-                prompt_ids=train_prompts[i],
-                completion_ids=c.token_ids,
-                logp_mu=c.logprobs,
-                reward=r,
-                group_id=p,
-                truncated=c.finish_reason == "length",
-                text=c.text,
-                prompt_index=i,
-                score=s,
-            )
-            for (p, i, c), r, s in zip(flat, rewards, scores)
-        ], failed
-
-    def run_eval(round_: int, log: bool = True) -> dict:
-        t0 = time.perf_counter()
-        correct = []
-        row = evaluate(
-            sampler,
-            task,
-            eval_records,
-            eval_prompts,
-            max_new_tokens=t.max_new_tokens,
-            temperature=cfg.eval.temperature,
-            n_samples=cfg.eval.n_samples,
-            sample_temperature=temperature,
-            ks=tuple(cfg.eval.ks),
-            rank=rank,
-            world=world,
-            device=device,
-            seed=derive_seed(cfg.seed, EVAL_STREAM) % 2**31,
-            outcomes=correct,
-            workers=cfg.reward.workers,
-            timeout=cfg.reward.timeout_s,
-        )
-        row = {"round": round_, **row, "time/eval_s": time.perf_counter() - t0}
-        if log:
-            logger.log(row)
-            logger.log_eval_outcomes(round_, correct)
-        print0(f"eval @ round {round_}: accuracy {row['eval/accuracy']:.3f} on {row['eval/n']} problems")
-        return row
-
     print0(
         self_test(task, train_records, cfg.reward.self_test, workers=cfg.reward.workers, timeout=cfg.reward.timeout_s)
+    )
+    sample = functools.partial(
+        sample_and_score, cfg, sampler, task, train_records, train_prompts, stream, rank=rank, world=world
+    )
+    run_eval = functools.partial(
+        eval_and_log, cfg, sampler, task, eval_records, eval_prompts, logger, rank=rank, world=world, device=device
     )
     t_start = time.perf_counter() - elapsed0
     if start_round == 0 and cfg.eval.at_start:
@@ -408,6 +360,7 @@ def train(cfg: DictConfig) -> dict:
         disable=not distributed.is_main() or not cfg.logger.progress,
         dynamic_ncols=True,
     )
+    every_samples = cfg.eval.get("every_samples") or cfg.samples + 1  # evaluate each time `samples` crosses it
     final = None
     # ---------------------------------------------------------------- Algorithm 1
     for round_ in itertools.count(start_round):
@@ -416,25 +369,16 @@ def train(cfg: DictConfig) -> dict:
         t0 = time.perf_counter()
         H = a.H if auto_h is None else adaptive_h.plan(h_state, cfg.samples - samples_done, a.n_step)
         n_prompts = H * a.n_step // a.n_group  # prompts per round, over all ranks
-        # 1-3. prompts X_t (the round's n_inference / n_group; this rank takes every world-th), sampled and scored
-        positions = list(range(rank, n_prompts, world))
-        round_indices = stream.take(n_prompts)
         clock = PhaseClock(device)
-        rollouts, failed = sample_and_score(round_, positions, [round_indices[p] for p in positions], clock)
-        dropped = 0
+        # 1-3. prompts X_t (the round's n_inference / n_group), sampled with μ = π_θ and scored
+        rollouts, failed = sample(round_, 0, n_prompts, clock)
+        dropped = None
         if a.dynamic_sampling:  # DAPO: drop all-equal groups, sample more prompts until full
-            rollouts, dropped = keep_informative_groups(rollouts)
-            for attempt in range(1, a.dynamic_sampling_tries):
-                if len(rollouts) >= len(positions) * a.n_group:
-                    break
-                more = list(range(rank, n_prompts, world))
-                extra_indices = stream.take(n_prompts)
-                extra, f = sample_and_score(
-                    round_, [attempt * n_prompts + p for p in more], [extra_indices[p] for p in more], clock
-                )
-                extra, d = keep_informative_groups(extra)
-                rollouts, failed, dropped = rollouts + extra, failed + f, dropped + d
-            rollouts = trim_to_minibatches(rollouts, a.n_step // world, len(positions) * a.n_group, device)
+            more = lambda attempt: sample(round_, attempt, n_prompts, clock)  # DAPO's next prompts, same round
+            target = len(range(rank, n_prompts, world)) * a.n_group  # this rank's records
+            rollouts, failed, dropped = dynamic_sampling(
+                rollouts, failed, more, a.dynamic_sampling_tries, target, a.n_step // world, device
+            )
         # 4. Z_t, served as group-aligned minibatches (n_step records over all ranks), once per pass
         buffer.clear()
         buffer.add(rollouts)
@@ -492,36 +436,25 @@ def train(cfg: DictConfig) -> dict:
             sampler.sync_weights(model)
         round_s = time.perf_counter() - t0
         # 7. log (sums over ranks, then means; times and memory are rank 0's)
-        row = {
-            "round": round_ + 1,
-            "samples": samples_done,
-            "epoch": stream.epoch + stream.pos / len(train_records),
-            **round_metrics(rollouts, steps, failed, mismatch, world, device),
-            "train/nonfinite_steps": guard.take_count(),
-            **timing_metrics(clock.row(), round_s, sum(len(r.completion_ids) for r in rollouts) * world),
-            "wall_s": time.perf_counter() - t_start,
-        }
-        if a.dynamic_sampling:
-            row["train/dropped_groups"] = int(all_reduce_sum([dropped], device)[0])
+        row = round_row(
+            round_ + 1,
+            samples_done,
+            stream.epoch + stream.pos / len(train_records),
+            rollouts,
+            steps,
+            failed,
+            mismatch,
+            guard.take_count(),
+            clock.row(),
+            round_s,
+            time.perf_counter() - t_start,
+            world,
+            device,
+            dropped,
+        )
         if auto_h:  # the next round's H, from this round's weights and phase times (averaged over ranks)
-            times = all_reduce_sum(
-                [row[f"time/{p}_s"] / world for p in ("generate", "reward", "recompute", "train", "sync", "other")],
-                device,
-            )
-            h_state, decision = adaptive_h.update(
-                h_state,
-                auto_h,
-                adaptive_h.Round(
-                    H,
-                    ess,
-                    generate_s=times[0],
-                    reward_s=times[1] + times[2],
-                    train_s=times[3],
-                    fixed_s=times[4] + times[5],
-                    steps=len(steps) + (len(steps) < H),  # + the early-stopped step, computed
-                ),
-            )
-            row |= {"algorithm/H": H, "algorithm/steps": len(steps), "algorithm/unused_samples": unused, **decision}
+            h_state, h_log = adaptive_h.end_round(h_state, auto_h, H, ess, len(steps), row, world, device)
+            row |= h_log
         logger.log(row)
         if cfg.logger.rollouts:  # + per-token log π after the round's updates, for its first group (the token log w)
             logger.log_rollouts(
@@ -532,15 +465,8 @@ def train(cfg: DictConfig) -> dict:
                 ),
             )
         bar.update(H * a.n_step)
-        bar.set_postfix(
-            reward=f"{row['train/reward_mean']:.3f}",
-            clip=f"{row.get('iw/clip_frac', 0):.2f}",
-            stale=f"{row.get('iw/staleness', 0):.3f}",
-            H=H,
-            s_round=f"{row['time/round_s']:.1f}",
-        )
+        bar.set_postfix(**progress_fields(row, H))
         last = samples_done >= cfg.samples
-        every_samples = cfg.eval.get("every_samples") or cfg.samples + 1
         crossed = samples_done // every_samples > (samples_done - H * a.n_step) // every_samples
         if (cfg.eval.every and (round_ + 1) % cfg.eval.every == 0) or crossed or last:
             final = run_eval(round_ + 1)

@@ -335,3 +335,26 @@ def test_skipped_steps_keep_their_step_numbers():
     r = ah.Round(4, [(1, e[1]), (4, e[4])], 1.0, 0.0, train_s=4 * 32 * 0.5, fixed_s=0.0, steps=4)
     new, log = ah.update(state, SETTINGS, r)
     assert new.per_sample_s == pytest.approx(0.5) and log["algorithm/drift"] == pytest.approx(0.1, abs=1e-12)
+
+
+def test_end_round_averages_the_phase_times_and_logs_the_round():
+    """rapid.train's call after a round (one process): H = 4 planned, 2 steps applied, the third stopped
+    early (computed, so the train time is per 3 steps' samples). By hand, n_step = 8, b = 32:
+    λ = (reward + recompute) / b + train / (3 · 8) = 0.75 / 32 + 1 / 24, F = sync + other = 0.5;
+    d_2 = 0.9, s = −log 0.9, H_cap = 1 + ⌊√(log 2 / s)⌋ = 1 + ⌊2.565⌋ = 3; next H = min(3, 2 · 4) = 3;
+    unused samples (4 − 2) · 8 = 16."""
+    settings = ah.Settings(h_min=1, h_max=8, ess_target=0.5, ess_floor=0.1, cost_tolerance=0.0, n_step=8)
+    times = {"generate": 2.0, "reward": 0.5, "recompute": 0.25, "train": 1.0, "sync": 0.125, "other": 0.375}
+    row = {f"time/{p}_s": s for p, s in times.items()}
+    state, log = ah.end_round(ah.initial_state(settings), settings, 4, [(1, 1.0), (2, 0.9)], 2, row, 1, "cpu")
+    assert state.generate_s == {32: 2.0}
+    assert state.per_sample_s == pytest.approx(0.75 / 32 + 1 / 24, abs=1e-15)
+    assert state.per_round_s == 0.5
+    assert state.H == 3
+    assert log["algorithm/drift"] == pytest.approx(-math.log(0.9), abs=1e-15)
+    assert {k: log[k] for k in ("algorithm/H", "algorithm/steps", "algorithm/unused_samples")} == {
+        "algorithm/H": 4,
+        "algorithm/steps": 2,
+        "algorithm/unused_samples": 16,
+    }
+    assert log["algorithm/next_H_ess"] == 3 and log["algorithm/next_H"] == 3

@@ -62,7 +62,7 @@ def test_accuracy_counts_correct_answers_before_the_overlong_penalty():
     overlong penalty pulls to 0.75 is still correct. 4 records: scores 1, 1, 0, 1 with penalties
     0, -0.25, 0, -1 -> rewards 1, 0.75, 0, 0: accuracy 3/4, reward mean 1.75 / 4."""
     from rapid.buffer import Rollout
-    from rapid.train import round_metrics
+    from rapid.logger import round_metrics
 
     scores, penalties = [1.0, 1.0, 0.0, 1.0], [0.0, -0.25, 0.0, -1.0]
     rollouts = [

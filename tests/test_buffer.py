@@ -155,3 +155,47 @@ def test_dynamic_sampling_judges_groups_by_the_task_reward_not_the_overlong_pena
     # without a separate score (no shaping), the reward is the task's reward
     plain = Rollout(prompt_ids=[1], completion_ids=[2], logp_mu=[0.0], reward=0.5, group_id=0, truncated=False)
     assert plain.task_reward == 0.5
+
+
+def group(gid: int, scores: list[float]) -> list[Rollout]:
+    return [Rollout([1], [2], [0.0], s, group_id=gid, truncated=False) for s in scores]
+
+
+def test_dynamic_sampling_samples_more_until_full_then_trims_to_whole_minibatches():
+    """Target 8 records (4 groups of 2), minibatches of 4. The first batch keeps groups 0 and 2
+    (1 and 3 are all-equal): 4 records. Attempt 1 adds group 10 (11 dropped): 6. Attempt 2 adds 20,
+    21, 22: 12 >= 8, so no attempt 3. Trimmed to min(12, 8) // 4 * 4 = 8 records: groups 0, 2, 10, 20.
+    Failures 1 + 2 + 0 = 3; dropped 2 + 1 + 0 = 3."""
+    from rapid.buffer import dynamic_sampling
+
+    first = group(0, [1, 0]) + group(1, [0, 0]) + group(2, [0, 1]) + group(3, [1, 1])
+    more = {
+        1: (group(10, [1, 0]) + group(11, [1, 1]), 2),
+        2: (group(20, [0, 1]) + group(21, [1, 0]) + group(22, [1, 0]), 0),
+        3: (group(30, [1, 0]), 0),
+    }
+    calls = []
+
+    def sample_more(attempt):
+        calls.append(attempt)
+        return more[attempt]
+
+    kept, failed, dropped = dynamic_sampling(first, 1, sample_more, 4, 8, 4, torch.device("cpu"))
+    assert calls == [1, 2]
+    assert [r.group_id for r in kept] == [0, 0, 2, 2, 10, 10, 20, 20]
+    assert (failed, dropped) == (3, 3)
+
+
+def test_dynamic_sampling_trains_on_what_its_tries_found():
+    """tries=2: one more batch at most. Kept 2 + 1 groups = 6 records of the 8 wanted, trimmed to one
+    minibatch of 4 (groups 0 and 2; group 10 waits for no one). No informative group at all: a clear error."""
+    from rapid.buffer import dynamic_sampling
+
+    first = group(0, [1, 0]) + group(1, [0, 0]) + group(2, [0, 1])
+    kept, failed, dropped = dynamic_sampling(
+        first, 0, lambda attempt: (group(10, [1, 0]) + group(11, [0, 0]), 1), 2, 8, 4, torch.device("cpu")
+    )
+    assert [r.group_id for r in kept] == [0, 0, 2, 2]
+    assert (failed, dropped) == (1, 2)
+    with pytest.raises(RuntimeError, match="dynamic_sampling_tries"):
+        dynamic_sampling(group(0, [0, 0]), 0, lambda attempt: (group(5, [1, 1]), 0), 3, 8, 4, torch.device("cpu"))

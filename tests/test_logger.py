@@ -31,3 +31,49 @@ def test_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
     # every local run directory (wandb adds a "-1" suffix when both start within the same second) logs one id
     logs = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
     assert logs and {p.name for p in logs} == {f"run-{ids[0]}.wandb"}, logs
+
+
+def test_round_row_by_hand():
+    """A round of 2 records (3 and 1 completion tokens, rewards 1 and 0), one step, on one process:
+    times the clock did not see are 0, `other` is the rest of the round (4 − 2 − 1 = 1 s), tokens/s
+    over generation (4 / 2), DAPO's dropped groups only when given, keys in the logged order."""
+    import torch
+
+    from rapid.buffer import Rollout
+    from rapid.logger import round_row
+
+    rollouts = [
+        Rollout([1], [2, 3, 4], [0.0] * 3, 1.0, group_id=0, truncated=True),
+        Rollout([1], [2], [0.0], 0.0, group_id=0, truncated=False),
+    ]
+    step = {"loss": 0.5, "clip_frac": 0.25, "grad_norm": 2.0, "lr": 1e-3}
+    phases = {"time/generate_s": 2.0, "time/train_s": 1.0, "mem/peak_gb": 0.5}
+    args = (7, 64, 1.5, rollouts, [step], 1, None, 0, phases, 4.0, 9.0, 1, torch.device("cpu"))
+    row = round_row(*args)
+    assert row == {
+        "round": 7,
+        "samples": 64,
+        "epoch": 1.5,
+        "train/reward_mean": 0.5,
+        "train/accuracy": 0.5,
+        "train/completion_len": 2.0,
+        "train/truncated_frac": 0.5,
+        "train/reward_failures": 1,
+        "iw/clip_frac": 0.25,
+        "train/loss": 0.5,
+        "train/grad_norm": 2.0,
+        "train/lr": 1e-3,
+        "train/nonfinite_steps": 0,
+        "time/generate_s": 2.0,
+        "time/reward_s": 0.0,
+        "time/recompute_s": 0.0,
+        "time/train_s": 1.0,
+        "time/sync_s": 0.0,
+        "mem/peak_gb": 0.5,
+        "time/other_s": 1.0,
+        "time/round_s": 4.0,
+        "sampler/tokens_per_s": 2.0,
+        "wall_s": 9.0,
+    }
+    assert list(row)[:5] == ["round", "samples", "epoch", "train/reward_mean", "train/accuracy"]
+    assert round_row(*args, dropped=3)["train/dropped_groups"] == 3

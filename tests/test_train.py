@@ -624,7 +624,7 @@ def test_steps_of_zero_advantage_run_nothing_and_log_what_they_can(tmp_path):
 def test_summary_averages_staleness_over_the_rounds_that_trained():
     """A round whose every group has advantage 0 trains on no record and logs no importance weights;
     the summary's averages are over the rounds that did (3 of 4 here), wherever the missing round falls."""
-    from rapid.train import summarize
+    from rapid.logger import summarize
 
     def row(stale=None):
         times = {f"time/{p}_s": 1.0 for p in ("generate", "reward", "recompute", "train", "sync", "other")}
