@@ -143,6 +143,11 @@ class ReplayBuffer:
         return [[r for k in order[i : i + per_batch] for r in groups[k]] for i in range(0, len(order), per_batch)]
 
 
+def rank_share(minibatches: list[list[Rollout]], rank: int, world: int) -> list[list[Rollout]]:
+    """This rank's equal slice of each minibatch (of every rank's records), for groups that span ranks."""
+    return [mb[rank * len(mb) // world : (rank + 1) * len(mb) // world] for mb in minibatches]
+
+
 def groups_with_gradient(records: list[Rollout], skip: str) -> list[Rollout]:
     """The records whose gradient can be non-zero (groups stay contiguous and in order), dropping the
     groups whose every member has advantage 0:
@@ -159,13 +164,13 @@ def groups_with_gradient(records: list[Rollout], skip: str) -> list[Rollout]:
         raise ValueError(f"skip must be 'equal_rewards' or 'zero_rewards'; got {skip!r}")
     buffer = ReplayBuffer()
     buffer.add(records)
-    kept = [
-        r
-        for group in buffer.groups()
-        if len(rewards := {r.reward for r in group}) > 1 or (skip == "zero_rewards" and rewards != {0.0})
-        for r in group
-    ]
-    return kept
+    return [r for group in buffer.groups() if group_has_gradient([r.reward for r in group], skip) for r in group]
+
+
+def group_has_gradient(rewards: list[float], skip: str) -> bool:
+    """Whether a group of these rewards keeps a gradient under `skip` (`groups_with_gradient`)."""
+    distinct = set(rewards)
+    return len(distinct) > 1 or (skip == "zero_rewards" and distinct != {0.0})
 
 
 def keep_informative_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], int]:

@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from rapid import adaptive_h, checkpoint, distributed, estimators
-from rapid.buffer import ReplayBuffer, Rollout, keep_informative_groups
+from rapid.buffer import ReplayBuffer, Rollout, keep_informative_groups, rank_share
 from rapid.config import (
     ConfigError,
     check_known_keys,
@@ -56,7 +56,7 @@ from rapid.config import (
     validate,
 )
 from rapid.data import PromptStream
-from rapid.distributed import all_reduce_max, all_reduce_sum, print0
+from rapid.distributed import all_reduce_max, all_reduce_sum, gather_round, print0
 from rapid.evaluate import evaluate
 from rapid.iw_grpg import masked_mean, normalized_ess
 from rapid.logger import MetricsLogger, write_run_files
@@ -127,7 +127,7 @@ def round_metrics(
     report it: `loss` and `trained_frac` over every step, the others over the steps that ran records
     (a step whose every group has advantage 0 runs none, `rapid.policy.accumulate_gradients`)."""
     keys = dict.fromkeys(k for s in steps for k in s)
-    loss_keys = [k for k in keys if k not in ("iw_max", "token_logp_gap", "grad_norm", "lr")]
+    loss_keys = [k for k in keys if k not in ("iw_max", "token_logp_gap", "grad_norm", "lr", "records")]
     gap = steps[0].get("token_logp_gap") if mismatch is None else mismatch
     sums = distributed.all_reduce_sum_dict(
         {
@@ -138,7 +138,7 @@ def round_metrics(
             "tokens": sum(len(r.completion_ids) for r in rollouts),
             "truncated": sum(r.truncated for r in rollouts),
             **({"gap": gap} if gap is not None else {}),
-            **{f"step/{k}": mean([s[k] for s in steps if k in s]) for k in loss_keys},
+            **step_sums(steps, loss_keys),
         },
         device,
     )
@@ -150,13 +150,45 @@ def round_metrics(
         "train/truncated_frac": sums["truncated"] / n,
         "train/reward_failures": int(sums["failures"]),
         **({"sampler/logprob_mismatch": sums["gap"] / world} if "gap" in sums else {}),
-        **{STAT_NAMES.get(k, f"loss/{k}"): sums[f"step/{k}"] / world for k in sorted(loss_keys)},
+        **{
+            STAT_NAMES.get(k, f"loss/{k}"): v
+            for k in sorted(loss_keys)
+            if (v := step_means(sums, len(steps), k, world)) is not None
+        },
         "train/grad_norm": steps[-1]["grad_norm"],
         "train/lr": steps[-1]["lr"],
     }
     if "iw_max" in keys:
-        row["iw/max"] = all_reduce_max(max(s["iw_max"] for s in steps if "iw_max" in s), device)
+        mine = max((s["iw_max"] for s in steps if "iw_max" in s and s.get("records", 1) > 0), default=-math.inf)
+        if (iw_max := all_reduce_max(mine, device)) > -math.inf:  # a DDP placeholder group's weights do not count
+            row["iw/max"] = iw_max
     return row
+
+
+PER_RANK = ("loss", "trained_frac")  # a rank's share of the minibatch's: their mean over ranks is the minibatch's
+
+
+def step_sums(steps: list[dict], keys: list[str]) -> dict[str, float]:
+    """Each step's statistics, to be summed over ranks: `loss` and `trained_frac` as they are, the others
+    weighted by the records they describe (`records`; 0 for a DDP placeholder group, whose weights must not
+    count), so that over ranks they average records, not ranks."""
+    out = {}
+    for j, s in enumerate(steps):
+        n = s.get("records", 0)
+        out[f"{j}/records"] = n
+        out |= {f"{j}/{k}": s[k] if k in PER_RANK else s[k] * n for k in keys if k in s}
+    return out
+
+
+def step_means(sums: dict[str, float], n_steps: int, key: str, world: int) -> float | None:
+    """The round's mean of `key` over the steps that report it, from `step_sums` summed over ranks (None:
+    no step trained a record)."""
+    values = [
+        sums[f"{j}/{key}"] / world if key in PER_RANK else sums[f"{j}/{key}"] / sums[f"{j}/records"]
+        for j in range(n_steps)
+        if f"{j}/{key}" in sums and (key in PER_RANK or sums[f"{j}/records"] > 0)
+    ]
+    return mean(values) if values else None
 
 
 def timing_metrics(phases: dict[str, float], round_s: float, tokens_all_ranks: int) -> dict[str, float]:
@@ -285,9 +317,10 @@ def train(cfg: DictConfig) -> dict:
         )
 
     skip_groups = skipped_groups(cfg)  # groups whose advantages are all 0 are not run
+    spanning = a.n_step % (a.n_group * world) != 0  # a group spans ranks (rapid/policy.py)
     guard = StepGuard(o.max_nonfinite_steps, device)  # non-finite loss or gradient: step skipped
 
-    def loss_fn(token_logp, batch, n_records, n_tokens):
+    def loss_fn(token_logp, batch, n_records, n_tokens, peers=None):
         mask = batch.completion_mask
         correction = {}
         if a.engine_correction != "none":  # μ_engine vs the trainer's μ: rapid/mismatch.py
@@ -309,6 +342,7 @@ def train(cfg: DictConfig) -> dict:
             n_records,
             n_tokens,
             t.max_new_tokens,
+            peers,  # the whole groups when groups span ranks (rapid.policy.gather_peers)
         )
         loss, stats = estimator.fn(inputs, a)
         # |log π_θ − log μ| per token; on a round's first step θ = μ, so this is sampler/trainer mismatch
@@ -428,12 +462,22 @@ def train(cfg: DictConfig) -> dict:
                 )
                 extra, d = keep_informative_groups(extra)
                 rollouts, failed, dropped = rollouts + extra, failed + f, dropped + d
-            rollouts = trim_to_minibatches(rollouts, a.n_step // world, len(positions) * a.n_group, device)
+            if not spanning:
+                rollouts = trim_to_minibatches(rollouts, a.n_step // world, len(positions) * a.n_group, device)
         # 4. Z_t, served as group-aligned minibatches (n_step records over all ranks), once per pass
         buffer.clear()
-        buffer.add(rollouts)
+        if spanning:  # groups span ranks: every rank holds the whole round (group ids are prompt positions)
+            every = gather_round(rollouts, world)
+            if a.dynamic_sampling:
+                every = trim_to_minibatches(every, a.n_step, n_prompts * a.n_group, device)
+                rollouts = [r for r in every if r.group_id % n_prompts % world == rank]  # this rank's, kept
+            buffer.add(every)
+        else:
+            buffer.add(rollouts)
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, BUFFER_STREAM, round_))
-        passes = [buffer.minibatches(a.n_step // world, shuffle) for _ in range(a.num_iterations)]
+        passes = [buffer.minibatches(a.n_step // (1 if spanning else world), shuffle) for _ in range(a.num_iterations)]
+        if spanning:  # every rank holds the round; each trains its slice of every minibatch
+            passes = [rank_share(minibatches, rank, world) for minibatches in passes]
         mismatch = None
         if (
             a.behavior_logprobs == "recompute"
@@ -462,11 +506,13 @@ def train(cfg: DictConfig) -> dict:
                     device=device,
                     compute_dtype=compute_dtype,
                     skip_groups=skip_groups,
+                    spanning=spanning,
                 )
                 if "w_bar_mean" in stats:  # IW-GRPG: the ESS of the records trained on, over all ranks
-                    n = stats["trained_frac"] * len(minibatch)
+                    n = stats["records"]  # 0 for a DDP placeholder group
                     w1, w2, n = all_reduce_sum([stats["w_bar_mean"] * n, stats["w_bar_sq_mean"] * n, n], device)
-                    ess.append((len(steps) + 1, normalized_ess(w1 / n, w2 / n)))  # (step k, e_k)
+                    if n > 0:
+                        ess.append((len(steps) + 1, normalized_ess(w1 / n, w2 / n)))  # (step k, e_k)
                 if auto_h and adaptive_h.stop_early(ess, auto_h):  # too stale: not applied, the round ends
                     optimizer.zero_grad(set_to_none=True)
                     break
