@@ -167,3 +167,62 @@ def test_off_policy_weights_of_the_second_step():
         logp = completion_logprobs(CompletionLogprobs(model, 1.0), batch)
     log_w = ((logp - batch.logp_mu) * batch.completion_mask).sum(-1)
     assert log_w.abs().max() > 0.1, log_w
+
+
+def placeholder_main(rank: int, world: int, init_file: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        model, tok = tiny_model()
+        groups = records(model, tok)
+        mine = groups[1] if rank == 0 else groups[2]  # rank 1: the all-zero group, nothing to train
+        stats = accumulate_gradients(
+            DistributedDataParallel(CompletionLogprobs(model, 1.0)),
+            mine,
+            loss_fn_for("iw_grpg"),
+            micro_batch=4,
+            pad_id=PAD,
+            device=CPU,
+            compute_dtype=torch.float32,
+            skip_groups="zero_rewards",
+        )
+        torch.save(stats, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_placeholder_group_reports_no_records(tmp_path):
+    """Under DDP a rank whose groups are all skipped runs its first group (to join the all-reduce), but
+    its stats describe no record: `records` 0 and `trained_frac` 0, so that rapid.train keeps its
+    weights out of the ESS and the iw/* statistics."""
+    out = tmp_path / "stats"
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(placeholder_main, args=(2, str(tmp_path / "store"), str(out)), nprocs=2, join=True)
+    trained, placeholder = torch.load(f"{out}.0"), torch.load(f"{out}.1")
+    assert trained["records"] == 4 and trained["trained_frac"] == 1.0
+    assert placeholder["records"] == 0 and placeholder["trained_frac"] == 0.0
+    assert "w_bar_mean" in placeholder  # it ran (the gradient all-reduce), but counts for nothing
+
+
+def test_step_statistics_average_records_not_ranks():
+    """Two ranks, two steps: rank 0 trains 3 records at step 1 (staleness 0.1), rank 1 one record (0.5) and
+    then only a placeholder group (records 0, staleness 9.0) at step 2, where rank 0 has 0.2 over 4.
+    Record-weighted per step: step 1 (3·0.1 + 0.5)/4 = 0.2, step 2 0.2 (the placeholder's 9.0 out);
+    the round's mean over steps 0.2. `loss` and `trained_frac` are a rank's share of the minibatch's
+    and average over ranks: loss (1.0 + 3.0)/2 = 2.0 and (2.0 + 0.0)/2 = 1.0, mean 1.5."""
+    from rapid.train import step_means, step_sums
+
+    keys = ["staleness", "loss", "trained_frac"]
+    rank0 = [
+        {"staleness": 0.1, "loss": 1.0, "trained_frac": 0.75, "records": 3},
+        {"staleness": 0.2, "loss": 2.0, "trained_frac": 1.0, "records": 4},
+    ]
+    rank1 = [
+        {"staleness": 0.5, "loss": 3.0, "trained_frac": 0.25, "records": 1},
+        {"staleness": 9.0, "loss": 0.0, "trained_frac": 0.0, "records": 0},
+    ]
+    a, b = step_sums(rank0, keys), step_sums(rank1, keys)
+    sums = {k: a[k] + b[k] for k in a}  # what all_reduce_sum_dict returns
+    assert step_means(sums, 2, "staleness", world=2) == pytest.approx(0.2, abs=1e-12)
+    assert step_means(sums, 2, "loss", world=2) == pytest.approx(1.5, abs=1e-12)
+    assert step_means(sums, 2, "trained_frac", world=2) == pytest.approx(0.5, abs=1e-12)
