@@ -226,3 +226,37 @@ def test_step_statistics_average_records_not_ranks():
     assert step_means(sums, 2, "staleness", world=2) == pytest.approx(0.2, abs=1e-12)
     assert step_means(sums, 2, "loss", world=2) == pytest.approx(1.5, abs=1e-12)
     assert step_means(sums, 2, "trained_frac", world=2) == pytest.approx(0.5, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("world", "n_step", "n_group", "accepted"),
+    [
+        (4, 4, 4, True),  # the paper's: one record of one group per rank
+        (2, 4, 4, True),  # two records of one group per rank
+        (2, 16, 4, True),  # whole groups per rank, as before
+        (4, 24, 8, False),  # 6 records per rank: neither whole groups nor equal slices of one
+        (3, 4, 4, False),  # 4 records do not split over 3 ranks
+    ],
+)
+def test_world_size_check(world, n_step, n_group, accepted):
+    from hydra import compose, initialize_config_dir
+
+    from rapid.config import ConfigError, register_resolvers, validate
+    from tests.test_train import REPO
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        cfg = compose(
+            "config",
+            overrides=[
+                "+experiment=smoke",
+                f"algorithm.n_step={n_step}",
+                f"algorithm.n_group={n_group}",
+                f"train.micro_batch={n_group}",
+            ],
+        )
+    if accepted:
+        validate(cfg, world=world)
+    else:
+        with pytest.raises(ConfigError, match=f"algorithm.n_step={n_step} must split over {world} ranks"):
+            validate(cfg, world=world)
