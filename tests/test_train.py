@@ -495,6 +495,19 @@ def test_ddp_groups_spanning_ranks_match_single_process(tmp_path):
 
 
 @pytest.mark.slow
+def test_dapo_dynamic_sampling_with_groups_spanning_ranks(tmp_path):
+    """DAPO's dynamic sampling at n_step 4, n_group 4 on 2 ranks: the kept groups of both ranks form one
+    round, trimmed to whole minibatches of 4 on every rank alike, so both take the same steps."""
+    run = tmp_path / "ddp"
+    overrides = ["+experiment=smoke", "device=cpu", "algorithm=dapo", "algorithm.H=4", "algorithm.n_step=4"]
+    launch([*overrides, "algorithm.n_group=4", "train.micro_batch=4", "rounds=2", "eval.every=0",
+            "ckpt.every=0", f"hydra.run.dir={run}"], tmp_path, shaped=True, nproc=2)  # fmt: skip
+    rows = train_rows(read_rows(run))
+    assert [r["round"] for r in rows] == [1, 2]
+    assert all("train/dropped_groups" in r and math.isfinite(r["train/loss"]) for r in rows), rows
+
+
+@pytest.mark.slow
 def test_auto_h_under_ddp(tmp_path):
     """Two ranks with H=auto: every rank decides H and early stops from the ESS of the whole minibatch
     (moments all-reduced) and from phase times averaged over ranks, so all take the same number of
