@@ -149,6 +149,11 @@ class ReplayBuffer:
         return [[r for k in order[i : i + per_batch] for r in groups[k]] for i in range(0, len(order), per_batch)]
 
 
+def rank_share(minibatches: list[list[Rollout]], rank: int, world: int) -> list[list[Rollout]]:
+    """This rank's equal slice of each minibatch (of every rank's records), for groups that span ranks."""
+    return [mb[rank * len(mb) // world : (rank + 1) * len(mb) // world] for mb in minibatches]
+
+
 def groups_with_gradient(records: list[Rollout], skip: str) -> list[Rollout]:
     """The records whose gradient can be non-zero (groups stay contiguous and in order), dropping the
     groups whose every member has advantage 0:
@@ -165,13 +170,13 @@ def groups_with_gradient(records: list[Rollout], skip: str) -> list[Rollout]:
         raise ValueError(f"skip must be 'equal_rewards' or 'zero_rewards'; got {skip!r}")
     buffer = ReplayBuffer()
     buffer.add(records)
-    kept = [
-        r
-        for group in buffer.groups()
-        if len(rewards := {r.reward for r in group}) > 1 or (skip == "zero_rewards" and rewards != {0.0})
-        for r in group
-    ]
-    return kept
+    return [r for group in buffer.groups() if group_has_gradient([r.reward for r in group], skip) for r in group]
+
+
+def group_has_gradient(rewards: list[float], skip: str) -> bool:
+    """Whether a group of these rewards keeps a gradient under `skip` (`groups_with_gradient`)."""
+    distinct = set(rewards)
+    return len(distinct) > 1 or (skip == "zero_rewards" and distinct != {0.0})
 
 
 def keep_informative_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], int]:
@@ -210,12 +215,14 @@ def dynamic_sampling(
     target: int,
     local_step: int,
     device,
+    trim: bool = True,
 ) -> tuple[list[Rollout], int, int]:
     """DAPO's dynamic sampling of one round on this rank: keep the informative groups of `rollouts`
     (`keep_informative_groups`); while fewer than `target` records are kept, call `sample_more(attempt)`
     (attempt = 1 .. tries - 1: a fresh batch of prompts, sampled and scored, and its reward failures) and
-    keep its informative groups too; then `trim_to_minibatches`. Returns (records, reward failures,
-    groups dropped)."""
+    keep its informative groups too; then `trim_to_minibatches` (unless `trim` is false: where groups span
+    ranks the gathered round is trimmed, alike on every rank). Returns (records, reward failures, groups
+    dropped)."""
     rollouts, dropped = keep_informative_groups(rollouts)
     for attempt in range(1, tries):
         if len(rollouts) >= target:
@@ -223,4 +230,4 @@ def dynamic_sampling(
         extra, f = sample_more(attempt)
         extra, d = keep_informative_groups(extra)
         rollouts, failed, dropped = rollouts + extra, failed + f, dropped + d
-    return trim_to_minibatches(rollouts, local_step, target, device), failed, dropped
+    return (trim_to_minibatches(rollouts, local_step, target, device) if trim else rollouts), failed, dropped

@@ -220,9 +220,9 @@ def validate(cfg: DictConfig, world: int) -> None:
             ),
         ),
         (
-            a.n_step % (a.n_group * world) == 0,
-            f"algorithm.n_step={a.n_step} must split into whole groups of {a.n_group} over {world} ranks "
-            f"(a multiple of n_group * world_size = {a.n_group * world})",
+            a.n_step % world == 0 and ((share := a.n_step // world) % a.n_group == 0 or a.n_group % share == 0),
+            f"algorithm.n_step={a.n_step} must split over {world} ranks into whole groups of {a.n_group} per rank, "
+            f"or into equal slices of one group (n_step / world_size dividing n_group)",
         ),
         (a.eta is None or a.eta >= 1.0, f"algorithm.eta={a.eta} must be >= 1 (or null for no truncation)"),
         (

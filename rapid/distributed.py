@@ -117,6 +117,15 @@ def all_gather_objects(obj) -> list:
     return gathered
 
 
+def gather_round(rollouts: list, world: int) -> list:
+    """Every rank's records of the round on every rank, in group-id order (a round's group ids are its
+    prompt positions, so this is the order one process would hold them in): for groups that span ranks,
+    where each rank trains a slice of minibatches drawn from the whole round."""
+    if world == 1:
+        return list(rollouts)
+    return sorted((r for part in all_gather_objects(rollouts) for r in part), key=lambda r: r.group_id)
+
+
 def shutdown() -> None:
     """Destroy the process group this module created. A vLLM engine running inside it (sampler=vllm
     under torchrun) tears the group down itself at exit, so it is left to do so."""

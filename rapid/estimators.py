@@ -44,10 +44,11 @@ from torch import Tensor
 
 from rapid import iw_grpg as _iw_grpg
 from rapid import losses as _losses
-from rapid.iw_grpg import LOG_RATIO_MAX, group_advantages, sequence_logprobs
+from rapid.iw_grpg import LOG_RATIO_MAX, group_advantages, iw_advantages, sequence_logprobs
 
 __all__ = [
     "LossInputs",
+    "Peers",
     "Estimator",
     "register",
     "get",
@@ -73,6 +74,20 @@ class LossInputs:
     n_records: float | None = None  # the whole minibatch's records (default: this call's B)
     n_tokens: float | None = None  # the whole minibatch's completion tokens (default: this call's)
     max_tokens: int | None = None  # the maximum completion length (task.max_new_tokens)
+    peers: Peers | None = None  # the whole groups, when groups span ranks (None: this call holds whole groups)
+
+
+@dataclass(frozen=True)
+class Peers:
+    """A minibatch whose groups span ranks: every record's numbers gathered from all ranks (detached), so
+    that a loss computes its group baselines over whole groups, exactly as one process would, and keeps
+    this call's rows (``index``). Sequence log-probs, so that IW baselines see every member's current w̄."""
+
+    rewards: Tensor  # [M] every record of the minibatch (all ranks, rank order)
+    group_ids: Tensor  # [M]
+    logp: Tensor  # [M] sequence log π_θ
+    logp_old: Tensor  # [M] sequence log μ
+    index: Tensor  # [B] the positions of this call's records in the above
 
 
 LossFn = Callable[[LossInputs, Mapping[str, Any]], tuple[Tensor, dict[str, float]]]
@@ -296,6 +311,7 @@ def masked_iw_loss(
     eta: float = 2.0,
     leave_one_out: bool = False,
     normalizer: float | None = None,
+    peers: Peers | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """RAPID with masked instead of truncated importance sampling (verl's / TRL's "mask" modes at the
     sequence level): a record whose weight exceeds η leaves the gradient and the baseline.
@@ -310,7 +326,8 @@ def masked_iw_loss(
     policy has not moved to). stats as ``rapid.iw_grpg.iw_grpg_loss``'s, for w̃: ``clip_frac`` is the
     masked fraction (w > η), ``staleness`` mean |log w| over the kept records, ``w_bar_mean`` /
     ``w_bar_sq_mean`` the moments of w̃ (its ESS), ``iw_mean`` / ``iw_max`` of w, ``clipped_mass``
-    Σ_masked w|A| / Σ w|A|.
+    Σ_masked w|A| / Σ w|A|. ``peers``: the whole groups when they span ranks (``Peers``); the baseline
+    is then computed over them.
     """
     if eta <= 0:
         raise ValueError(f"eta must be positive; got {eta}.")
@@ -323,7 +340,12 @@ def masked_iw_loss(
     w = log_w.exp()
     kept = w <= eta
     w_tilde = torch.where(kept, w, torch.zeros_like(w))
-    adv = group_advantages(rewards, group_ids, w_tilde, leave_one_out).to(dtype)
+    if peers is None:
+        adv = group_advantages(rewards, group_ids, w_tilde, leave_one_out).to(dtype)
+    else:
+        w_all = (peers.logp.to(dtype) - peers.logp_old.to(dtype)).clamp(max=LOG_RATIO_MAX).exp()
+        w_all = torch.where(w_all <= eta, w_all, torch.zeros_like(w_all))
+        adv = group_advantages(peers.rewards, peers.group_ids, w_all, leave_one_out)[peers.index].to(dtype)
     b = float(logp.shape[0]) if normalizer is None else float(normalizer)
     loss = -(w_tilde * adv * logp.to(dtype)).sum() / b
     mass = (w * adv.abs()).sum()
@@ -368,6 +390,13 @@ def _seq(x: LossInputs) -> tuple[Tensor, Tensor]:
     return sequence_logprobs(x.logp, x.mask), sequence_logprobs(x.logp_old, x.mask)
 
 
+def _advantages(x: LossInputs, fn: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """fn(rewards, group_ids) -> A [B] of this call's records: over the whole groups when they span ranks."""
+    if x.peers is None:
+        return fn(x.rewards, x.group_ids)
+    return fn(x.peers.rewards, x.peers.group_ids)[x.peers.index]
+
+
 @register(
     "iw_grpg",
     level="sequence",
@@ -377,6 +406,12 @@ def _seq(x: LossInputs) -> tuple[Tensor, Tensor]:
 )
 def iw_grpg(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
     """RAPID (and PG at H = 1): IW-GRPG, Eq. 3-5 (rapid/iw_grpg.py)."""
+    p = x.peers  # a group spanning ranks: its baseline from every member's current w̄
+    adv = None
+    if p is not None:
+        adv = iw_advantages(p.logp, p.logp_old, p.rewards, p.group_ids, a["eta"], a["leave_one_out"], a["iw_baseline"])[
+            p.index
+        ]
     return _iw_grpg.iw_grpg_loss(
         *_seq(x),
         x.rewards,
@@ -386,6 +421,7 @@ def iw_grpg(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, floa
         normalizer=x.n_records,
         iw_baseline=a["iw_baseline"],
         iw_gradient=a["iw_gradient"],
+        advantages=adv,
     )
 
 
@@ -402,7 +438,13 @@ def iw_grpg(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, floa
 )
 def rapid_mask(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
     return masked_iw_loss(
-        *_seq(x), x.rewards, x.group_ids, eta=a["eta"], leave_one_out=a["leave_one_out"], normalizer=x.n_records
+        *_seq(x),
+        x.rewards,
+        x.group_ids,
+        eta=a["eta"],
+        leave_one_out=a["leave_one_out"],
+        normalizer=x.n_records,
+        peers=x.peers,
     )
 
 
@@ -426,7 +468,7 @@ def grpo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]
         x.logp,
         x.logp_old,
         x.logp_ref,
-        _losses.group_normalized_advantages(x.rewards, x.group_ids),
+        _advantages(x, _losses.group_normalized_advantages),
         x.mask,
         clip_eps=a["clip_eps"],
         kl_coef=a["kl_coef"],
@@ -442,7 +484,7 @@ def dapo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]
     return _losses.dapo_loss(
         x.logp,
         x.logp_old,
-        _losses.group_normalized_advantages(x.rewards, x.group_ids),
+        _advantages(x, _losses.group_normalized_advantages),
         x.mask,
         clip_low=a["clip_low"],
         clip_high=a["clip_high"],
@@ -465,7 +507,7 @@ def dr_grpo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, floa
         x.logp,
         x.logp_old,
         x.logp_ref,
-        _losses.group_normalized_advantages(x.rewards, x.group_ids, scale=None),
+        _advantages(x, lambda r, g: _losses.group_normalized_advantages(r, g, scale=None)),
         x.mask,
         clip_eps=a["clip_eps"],
         kl_coef=a["kl_coef"],
@@ -485,7 +527,7 @@ def cispo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]
     return cispo_loss(
         x.logp,
         x.logp_old,
-        _losses.group_normalized_advantages(x.rewards, x.group_ids),
+        _advantages(x, _losses.group_normalized_advantages),
         x.mask,
         eps_high=a["eps_high"],
         eps_low=a["eps_low"],
@@ -510,7 +552,7 @@ def gspo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]
     return gspo_loss(
         x.logp,
         x.logp_old,
-        _losses.group_normalized_advantages(x.rewards, x.group_ids),
+        _advantages(x, _losses.group_normalized_advantages),
         x.mask,
         clip_low=a["clip_low"],
         clip_high=a["clip_high"],
@@ -543,4 +585,6 @@ def _topr_check(a: Mapping[str, Any]) -> str | None:
     check=_topr_check,
 )
 def topr(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
-    return topr_loss(*_seq(x), topr_advantages(x.rewards, x.group_ids, a["baseline"]), normalizer=x.n_records)
+    return topr_loss(
+        *_seq(x), _advantages(x, lambda r, g: topr_advantages(r, g, a["baseline"])), normalizer=x.n_records
+    )

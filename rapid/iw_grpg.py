@@ -45,7 +45,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["group_advantages", "iw_grpg_loss", "normalized_ess", "sequence_logprobs", "masked_mean"]
+__all__ = ["group_advantages", "iw_advantages", "iw_grpg_loss", "normalized_ess", "sequence_logprobs", "masked_mean"]
 
 # exp(20) ≈ 4.9e8: a larger log-ratio is clamped before exp so that w stays finite even in
 # float32; such a weight is clipped to η anyway whenever η is finite.
@@ -118,6 +118,7 @@ def iw_grpg_loss(
     normalizer: float | None = None,
     iw_baseline: bool = True,
     iw_gradient: bool = True,
+    advantages: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """IW-GRPG surrogate loss (Eq. 3 with the Eq. 4/5 advantage) and per-call statistics.
 
@@ -128,6 +129,8 @@ def iw_grpg_loss(
     1/B factor (default len(logp)); pass the full minibatch size when a minibatch is split
     into micro-batches of whole groups, and the summed micro-batch losses equal the full loss.
     ``iw_baseline`` / ``iw_gradient`` switch w̄ off in the baseline / the gradient (module docstring).
+    ``advantages`` [B]: A computed elsewhere (``iw_advantages`` over a group whose members live on other
+    ranks too); None: from this call's records.
 
     stats (Python floats, means over this call's B, so micro-batched callers aggregate them
     by a size-weighted mean, and ``iw_max`` by max): ``clip_frac`` fraction with w > η;
@@ -150,8 +153,9 @@ def iw_grpg_loss(
     w = log_ratio.exp()  # [B]
     w_bar = w if eta is None else w.clamp(max=eta)  # [B] min(w, η)
     log_w_bar = log_ratio if eta is None else log_ratio.clamp(max=math.log(eta))  # [B]
-    adv = group_advantages(rewards, group_ids, w_bar if iw_baseline else None, leave_one_out)
-    adv = adv.to(dtype)  # [B]
+    if advantages is None:
+        advantages = group_advantages(rewards, group_ids, w_bar if iw_baseline else None, leave_one_out)
+    adv = advantages.detach().to(dtype)  # [B]
     coef = w_bar if iw_gradient else torch.ones_like(w_bar)  # [B] the weight in Eq. 3
     b = float(logp.shape[0]) if normalizer is None else float(normalizer)
     loss = -(coef * adv * logp.to(dtype)).sum() / b
@@ -187,6 +191,24 @@ def iw_grpg_loss(
         "clipped_mass",
     )
     return loss, dict(zip(names, values))
+
+
+def iw_advantages(
+    logp: Tensor,
+    logp_mu: Tensor,
+    rewards: Tensor,
+    group_ids: Tensor,
+    eta: float | None = 2.0,
+    leave_one_out: bool = False,
+    iw_baseline: bool = True,
+) -> Tensor:
+    """The advantages ``iw_grpg_loss`` uses (Eq. 4/5 with w̄ = min(w, η); Eq. 2 without ``iw_baseline``):
+    logp, logp_mu, rewards, group_ids [M] -> [M], the same arithmetic as inside the loss. For a group that
+    spans ranks: the members' detached numbers gathered from every rank, then each rank takes its own."""
+    dtype = torch.float64 if logp.dtype == torch.float64 else torch.float32
+    w = (logp.detach().to(dtype) - logp_mu.detach().to(dtype)).clamp(max=LOG_RATIO_MAX).exp()
+    w_bar = w if eta is None else w.clamp(max=eta)
+    return group_advantages(rewards, group_ids, w_bar if iw_baseline else None, leave_one_out)
 
 
 def normalized_ess(w_bar_mean: float, w_bar_sq_mean: float) -> float:

@@ -15,6 +15,7 @@ the checkpoint's round are dropped first, so the files read as if the run had ne
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import uuid
@@ -142,11 +143,12 @@ def round_metrics(
     loss's statistics averaged over the round's steps, and the sampler/trainer log-prob gap (the
     recompute's, else the first step's, where θ = μ). A statistic is averaged over the steps that
     report it: `loss` and `trained_frac` over every step, the others over the steps that ran records
-    (a step whose every group has advantage 0 runs none, `rapid.policy.accumulate_gradients`)."""
+    (a step whose every group has advantage 0 runs none, `rapid.policy.accumulate_gradients`), each
+    step's weighted by the records it describes on each rank (`step_sums`)."""
     from rapid import distributed
 
     keys = dict.fromkeys(k for s in steps for k in s)
-    loss_keys = [k for k in keys if k not in ("iw_max", "token_logp_gap", "grad_norm", "lr")]
+    loss_keys = [k for k in keys if k not in ("iw_max", "token_logp_gap", "grad_norm", "lr", "records")]
     gap = steps[0].get("token_logp_gap") if mismatch is None else mismatch
     sums = distributed.all_reduce_sum_dict(
         {
@@ -157,7 +159,7 @@ def round_metrics(
             "tokens": sum(len(r.completion_ids) for r in rollouts),
             "truncated": sum(r.truncated for r in rollouts),
             **({"gap": gap} if gap is not None else {}),
-            **{f"step/{k}": mean([s[k] for s in steps if k in s]) for k in loss_keys},
+            **step_sums(steps, loss_keys),
         },
         device,
     )
@@ -169,13 +171,45 @@ def round_metrics(
         "train/truncated_frac": sums["truncated"] / n,
         "train/reward_failures": int(sums["failures"]),
         **({"sampler/logprob_mismatch": sums["gap"] / world} if "gap" in sums else {}),
-        **{STAT_NAMES.get(k, f"loss/{k}"): sums[f"step/{k}"] / world for k in sorted(loss_keys)},
+        **{
+            STAT_NAMES.get(k, f"loss/{k}"): v
+            for k in sorted(loss_keys)
+            if (v := step_means(sums, len(steps), k, world)) is not None
+        },
         "train/grad_norm": steps[-1]["grad_norm"],
         "train/lr": steps[-1]["lr"],
     }
     if "iw_max" in keys:
-        row["iw/max"] = distributed.all_reduce_max(max(s["iw_max"] for s in steps if "iw_max" in s), device)
+        mine = max((s["iw_max"] for s in steps if "iw_max" in s and s.get("records", 1) > 0), default=-math.inf)
+        if (iw_max := distributed.all_reduce_max(mine, device)) > -math.inf:  # a DDP placeholder's weights do not count
+            row["iw/max"] = iw_max
     return row
+
+
+PER_RANK = ("loss", "trained_frac")  # a rank's share of the minibatch's: their mean over ranks is the minibatch's
+
+
+def step_sums(steps: list[dict], keys: list[str]) -> dict[str, float]:
+    """Each step's statistics, to be summed over ranks: `loss` and `trained_frac` as they are, the others
+    weighted by the records they describe (`records`; 0 for a DDP placeholder group, whose weights must not
+    count), so that over ranks they average records, not ranks."""
+    out = {}
+    for j, s in enumerate(steps):
+        n = s.get("records", 0)
+        out[f"{j}/records"] = n
+        out |= {f"{j}/{k}": s[k] if k in PER_RANK else s[k] * n for k in keys if k in s}
+    return out
+
+
+def step_means(sums: dict[str, float], n_steps: int, key: str, world: int) -> float | None:
+    """The round's mean of `key` over the steps that report it, from `step_sums` summed over ranks (None:
+    no step trained a record)."""
+    values = [
+        sums[f"{j}/{key}"] / world if key in PER_RANK else sums[f"{j}/{key}"] / sums[f"{j}/records"]
+        for j in range(n_steps)
+        if f"{j}/{key}" in sums and (key in PER_RANK or sums[f"{j}/records"] > 0)
+    ]
+    return mean(values) if values else None
 
 
 def timing_metrics(phases: dict[str, float], round_s: float, tokens_all_ranks: int) -> dict[str, float]:

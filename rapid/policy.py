@@ -9,6 +9,11 @@ A minibatch of `n_step` records is processed in micro-batches of whole groups; e
 micro-batch's loss is normalised by the full minibatch's size (records or completion tokens),
 so the accumulated gradient is exactly the full-minibatch gradient. Under DDP, gradients are all-reduced once, on the last
 micro-batch, and token counts are global (each rank divides by its share of the count over all ranks).
+
+A group may span ranks (n_step = 4 records of one group of 4 over 4 ranks, as in the paper): each rank
+then holds a slice of one group, run as one micro-batch, and after its forward every rank's rewards and
+detached sequence log-probs are gathered (`gather_peers`) so that the loss's group baseline is the
+whole group's, before any backward (IW-GRPG's w̄ change every step).
 """
 
 from __future__ import annotations
@@ -19,10 +24,13 @@ from collections.abc import Callable
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from rapid.buffer import Batch, Rollout, collate, groups_with_gradient
+from rapid.buffer import Batch, Rollout, collate, group_has_gradient, groups_with_gradient
+from rapid.estimators import Peers
+from rapid.iw_grpg import sequence_logprobs
 
-# loss_fn(token_logp [B, C], batch, minibatch records, minibatch completion tokens) -> (loss, stats)
-LossFn = Callable[[torch.Tensor, Batch, int, int], tuple[torch.Tensor, dict]]
+# loss_fn(token_logp [B, C], batch, minibatch records, minibatch completion tokens[, peers]) -> (loss, stats);
+# the fifth argument (rapid.estimators.Peers) is passed only when groups span ranks
+LossFn = Callable[..., tuple[torch.Tensor, dict]]
 
 
 class CompletionLogprobs(torch.nn.Module):
@@ -141,6 +149,7 @@ def accumulate_gradients(
     device: torch.device,
     compute_dtype: torch.dtype,
     skip_groups: str | None = None,
+    spanning: bool = False,
 ) -> dict[str, float]:
     """Backward of one minibatch in micro-batches of `micro_batch` records (whole groups, as the
     buffer keeps groups contiguous). Returns the minibatch's stats (record-weighted means over the
@@ -152,14 +161,23 @@ def accumulate_gradients(
     gradient is exactly 0: it is set to zeros without a forward (the optimizer step still runs, as it
     would on the computed zeros: AdamW's moments and weight decay move on), and the stats are
     `trained_frac` 0 and `loss` 0. Under DDP the first group runs instead, so that every rank joins
-    the gradient's all-reduce."""
+    the gradient's all-reduce; its stats then describe no record (`records` 0, `trained_frac` 0), so that its
+    weights stay out of the ESS and the `iw/*` statistics, which rapid.train weights by `records`.
+
+    `spanning`: this rank's records are its slice of a minibatch whose groups span ranks (DDP only;
+    at most one group's worth, one micro-batch): the loss gets the gathered whole groups (`gather_peers`),
+    and whether a group is skipped is decided on its gathered rewards (it runs anyway: the rank has
+    nothing else to join the all-reduce with)."""
     B = len(records)
     ddp = isinstance(policy, DistributedDataParallel)
     n_tokens = sum(len(r.completion_ids) for r in records)
     if ddp:
         n_tokens = global_token_share(n_tokens, policy)
+    if spanning:
+        return _accumulate_spanning(policy, records, loss_fn, pad_id, device, compute_dtype, skip_groups, n_tokens)
     run = groups_with_gradient(records, skip_groups) if skip_groups else records
-    if not run and ddp:
+    placeholder = not run and ddp
+    if placeholder:
         run = [r for r in records if r.group_id == records[0].group_id]
     if not run:
         for p in policy.parameters():
@@ -167,7 +185,7 @@ def accumulate_gradients(
                 p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
         return {"trained_frac": 0.0, "loss": 0.0}
     chunks = [run[i : i + micro_batch] for i in range(0, len(run), micro_batch)]
-    totals: dict[str, float] = {"trained_frac": len(run) / B}
+    totals: dict[str, float] = {"trained_frac": 0.0 if placeholder else len(run) / B}
     for k, chunk in enumerate(chunks):
         batch = collate(chunk, pad_id).to(device)
         last = k == len(chunks) - 1
@@ -185,7 +203,52 @@ def accumulate_gradients(
                 totals[key] = max(totals.get(key, value), value)
             else:
                 totals[key] = totals.get(key, 0.0) + value * len(chunk) / len(run)
+    totals["records"] = 0 if placeholder else len(run)
     return totals
+
+
+def _accumulate_spanning(policy, records, loss_fn, pad_id, device, compute_dtype, skip_groups, n_tokens) -> dict:
+    """`accumulate_gradients` of a rank's slice of groups that span ranks: one forward, the gather, the
+    loss over whole groups, one backward (the gradient all-reduce)."""
+    if not isinstance(policy, DistributedDataParallel):
+        raise ValueError("spanning=True is for a policy under DDP (a group split over ranks)")
+    B = len(records)
+    batch = collate(records, pad_id).to(device)
+    with autocast(device, compute_dtype):
+        token_logp = completion_logprobs(policy, batch)
+    peers = gather_peers(batch, token_logp, policy.process_group)
+    loss, stats = loss_fn(token_logp, batch, B, n_tokens, peers)
+    loss.backward()
+    trained = B
+    if skip_groups:  # the group's fate from all its members' rewards
+        own = peers.group_ids[peers.index]
+        kept = [group_has_gradient(peers.rewards[peers.group_ids == g].tolist(), skip_groups) for g in own.tolist()]
+        trained = sum(kept)
+    return stats | {"loss": loss.item(), "trained_frac": trained / B, "records": trained}
+
+
+def gather_peers(batch: Batch, token_logp: torch.Tensor, group) -> Peers:
+    """Every rank's (reward, group id, sequence log π_θ, sequence log μ) of one minibatch, detached, in rank
+    order (ranks hold equal shares): the numbers a group baseline needs when its group spans ranks."""
+    mine = torch.stack(
+        [
+            batch.rewards.double(),
+            batch.group_ids.double(),
+            sequence_logprobs(token_logp.detach().float(), batch.completion_mask).double(),
+            sequence_logprobs(batch.logp_mu, batch.completion_mask).double(),
+        ]
+    )  # [4, B]; float32 values and ids < 2**53 survive float64 exactly
+    parts = [torch.empty_like(mine) for _ in range(torch.distributed.get_world_size(group))]
+    torch.distributed.all_gather(parts, mine.contiguous(), group=group)
+    every = torch.cat(parts, 1)  # [4, world * B]
+    rank, B = torch.distributed.get_rank(group), mine.shape[1]
+    return Peers(
+        rewards=every[0].to(batch.rewards.dtype),
+        group_ids=every[1].long(),
+        logp=every[2].float(),
+        logp_old=every[3].float(),
+        index=torch.arange(rank * B, (rank + 1) * B, device=mine.device),
+    )
 
 
 def global_token_share(n_tokens: int, policy: DistributedDataParallel) -> float:

@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from rapid import adaptive_h, checkpoint, distributed, estimators
-from rapid.buffer import ReplayBuffer, Rollout, dynamic_sampling
+from rapid.buffer import ReplayBuffer, Rollout, dynamic_sampling, rank_share, trim_to_minibatches
 from rapid.config import (
     ConfigError,
     check_known_keys,
@@ -56,7 +56,7 @@ from rapid.config import (
     validate,
 )
 from rapid.data import PromptStream
-from rapid.distributed import all_reduce_sum, print0
+from rapid.distributed import all_reduce_sum, gather_round, print0
 from rapid.evaluate import evaluate
 from rapid.iw_grpg import masked_mean, normalized_ess
 from rapid.logger import (
@@ -310,9 +310,10 @@ def train(cfg: DictConfig) -> dict:
         )
 
     skip_groups = skipped_groups(cfg)  # groups whose advantages are all 0 are not run
+    spanning = a.n_step % (a.n_group * world) != 0  # a group spans ranks (rapid/policy.py)
     guard = StepGuard(o.max_nonfinite_steps, device)  # non-finite loss or gradient: step skipped
 
-    def loss_fn(token_logp, batch, n_records, n_tokens):
+    def loss_fn(token_logp, batch, n_records, n_tokens, peers=None):
         mask = batch.completion_mask
         correction = {}
         if a.engine_correction != "none":  # μ_engine vs the trainer's μ: rapid/mismatch.py
@@ -334,6 +335,7 @@ def train(cfg: DictConfig) -> dict:
             n_records,
             n_tokens,
             t.max_new_tokens,
+            peers,  # the whole groups when groups span ranks (rapid.policy.gather_peers)
         )
         loss, stats = estimator.fn(inputs, a)
         # |log π_θ − log μ| per token; on a round's first step θ = μ, so this is sampler/trainer mismatch
@@ -377,13 +379,22 @@ def train(cfg: DictConfig) -> dict:
             more = lambda attempt: sample(round_, attempt, n_prompts, clock)  # DAPO's next prompts, same round
             target = len(range(rank, n_prompts, world)) * a.n_group  # this rank's records
             rollouts, failed, dropped = dynamic_sampling(
-                rollouts, failed, more, a.dynamic_sampling_tries, target, a.n_step // world, device
+                rollouts, failed, more, a.dynamic_sampling_tries, target, a.n_step // world, device, trim=not spanning
             )
         # 4. Z_t, served as group-aligned minibatches (n_step records over all ranks), once per pass
         buffer.clear()
-        buffer.add(rollouts)
+        if spanning:  # groups span ranks: every rank holds the whole round (group ids are prompt positions)
+            every = gather_round(rollouts, world)
+            if a.dynamic_sampling:
+                every = trim_to_minibatches(every, a.n_step, n_prompts * a.n_group, device)
+                rollouts = [r for r in every if r.group_id % n_prompts % world == rank]  # this rank's, kept
+            buffer.add(every)
+        else:
+            buffer.add(rollouts)
         shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, BUFFER_STREAM, round_))
-        passes = [buffer.minibatches(a.n_step // world, shuffle) for _ in range(a.num_iterations)]
+        passes = [buffer.minibatches(a.n_step // (1 if spanning else world), shuffle) for _ in range(a.num_iterations)]
+        if spanning:  # every rank holds the round; each trains its slice of every minibatch
+            passes = [rank_share(minibatches, rank, world) for minibatches in passes]
         mismatch = None
         if (
             a.behavior_logprobs == "recompute"
@@ -412,11 +423,13 @@ def train(cfg: DictConfig) -> dict:
                     device=device,
                     compute_dtype=compute_dtype,
                     skip_groups=skip_groups,
+                    spanning=spanning,
                 )
                 if "w_bar_mean" in stats:  # IW-GRPG: the ESS of the records trained on, over all ranks
-                    n = stats["trained_frac"] * len(minibatch)
+                    n = stats["records"]  # 0 for a DDP placeholder group
                     w1, w2, n = all_reduce_sum([stats["w_bar_mean"] * n, stats["w_bar_sq_mean"] * n, n], device)
-                    ess.append((len(steps) + 1, normalized_ess(w1 / n, w2 / n)))  # (step k, e_k)
+                    if n > 0:
+                        ess.append((len(steps) + 1, normalized_ess(w1 / n, w2 / n)))  # (step k, e_k)
                 if auto_h and adaptive_h.stop_early(ess, auto_h):  # too stale: not applied, the round ends
                     optimizer.zero_grad(set_to_none=True)
                     break

@@ -21,7 +21,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from rapid.config import ConfigError, register_resolvers, validate
+from rapid.config import register_resolvers, validate
 from tests.test_train import REPO
 
 PAPER = ("reproduce-table1", "reproduce-table2", "reproduce-table3", "reproduce-table4")
@@ -225,11 +225,10 @@ def test_gpu_pool_runs_each_run_on_its_own_device_and_skips_finished_ones(tmp_pa
     assert again.returncode == 0 and again.stdout.startswith("0 runs on GPUs 0,1"), again.stdout
 
 
-# paper configs whose n_step records cannot split into whole groups over `world` ranks: a group must
-# then span ranks, which rapid.train does not do yet (issue 24, item 1)
 def test_paper_configs_validate_at_world_size_above_one(tmp_path):
-    """Every run of every paper-scale target, composed and validated at 2 and at 4 ranks (torchrun)."""
-    refused = []
+    """Every run of every paper-scale target, composed and validated at 2 and at 4 ranks (torchrun),
+    including MBPP+ and MiniF2F at n_step 4, n_group 4, whose groups span ranks (rapid/policy.py)."""
+    spanning = set()
     for target in PAPER:
         for world in (2, 4):
             for run in sweeps(target, tmp_path):
@@ -239,14 +238,7 @@ def test_paper_configs_validate_at_world_size_above_one(tmp_path):
                         cfg = compose("config", overrides=overrides)
                         if cfg.algorithm.loss == "sft":
                             continue
-                        try:
-                            validate(cfg, world=world)
-                        except ConfigError as e:
-                            if "whole groups" not in str(e):
-                                raise
-                            refused.append((world, cfg.algorithm.n_step, cfg.algorithm.n_group))
-    if refused:
-        assert all(n_step // world < n_group for world, n_step, n_group in refused), refused
-        pytest.xfail(
-            f"groups spanning ranks (issue 24 item 1): refused {sorted(set(refused))} (world, n_step, n_group)"
-        )
+                        validate(cfg, world=world)
+                        if cfg.algorithm.n_step // world < cfg.algorithm.n_group:
+                            spanning.add((world, cfg.algorithm.n_step, cfg.algorithm.n_group))
+    assert (4, 4, 4) in spanning and (2, 4, 4) in spanning, sorted(spanning)  # the paper's own setting is covered
