@@ -46,7 +46,8 @@ def test_round_row_by_hand():
         Rollout([1], [2, 3, 4], [0.0] * 3, 1.0, group_id=0, truncated=True),
         Rollout([1], [2], [0.0], 0.0, group_id=0, truncated=False),
     ]
-    step = {"loss": 0.5, "clip_frac": 0.25, "records": 2, "grad_norm": 2.0, "lr": 1e-3}  # as accumulate_gradients reports
+    # the step reports the records it trained, as accumulate_gradients does
+    step = {"loss": 0.5, "clip_frac": 0.25, "records": 2, "grad_norm": 2.0, "lr": 1e-3}
     phases = {"time/generate_s": 2.0, "time/train_s": 1.0, "mem/peak_gb": 0.5}
     args = (7, 64, 1.5, rollouts, [step], 1, None, 0, phases, 4.0, 9.0, 1, torch.device("cpu"))
     row = round_row(*args)
