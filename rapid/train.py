@@ -100,6 +100,53 @@ def lr_lambda(schedule: str, warmup: int, total: int):
     return f
 
 
+def minibatch_loss(
+    token_logp: torch.Tensor,
+    batch,
+    n_records: int,
+    n_tokens: int,
+    peers=None,
+    *,
+    a: DictConfig,
+    estimator: estimators.Estimator,
+    reference: torch.nn.Module | None,
+    max_new_tokens: int,
+    device: torch.device,
+    compute_dtype: torch.dtype,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss of one micro-batch (rapid.policy.accumulate_gradients calls it with the minibatch's
+    normalisers): the engine correction where asked (rapid/mismatch.py), the reference's log-probs where
+    the loss needs them, then the registered estimator `algorithm.loss` (rapid/estimators.py), and the
+    sampler/trainer gap per token."""
+    mask = batch.completion_mask
+    correction = {}
+    if a.engine_correction != "none":  # μ_engine vs the trainer's μ: rapid/mismatch.py
+        factors, correction = truncated_is_factors(
+            batch.logp_mu, batch.logp_engine, mask, a.engine_correction, a.engine_correction_cap
+        )
+        token_logp = scale_gradient(token_logp, factors)  # same values; each token's gradient times its factor
+    logp_ref = None
+    if reference is not None:
+        with torch.no_grad(), autocast(device, compute_dtype):
+            logp_ref = completion_logprobs(reference, batch).float()
+    inputs = estimators.LossInputs(
+        token_logp,
+        batch.logp_mu,
+        mask,
+        batch.rewards,
+        batch.group_ids,
+        logp_ref,
+        n_records,
+        n_tokens,
+        max_new_tokens,
+        peers,  # the whole groups when groups span ranks (rapid.policy.gather_peers)
+    )
+    loss, stats = estimator.fn(inputs, a)
+    # |log π_θ − log μ| per token; on a round's first step θ = μ, so this is sampler/trainer mismatch
+    stats["token_logp_gap"] = masked_mean((token_logp.detach() - batch.logp_mu).abs(), mask).item()
+    return loss, stats | {f"correction_{k}": v for k, v in correction.items()}
+
+
 def sample_and_score(
     cfg: DictConfig,
     sampler,
@@ -313,35 +360,15 @@ def train(cfg: DictConfig) -> dict:
     spanning = a.n_step % (a.n_group * world) != 0  # a group spans ranks (rapid/policy.py)
     guard = StepGuard(o.max_nonfinite_steps, device)  # non-finite loss or gradient: step skipped
 
-    def loss_fn(token_logp, batch, n_records, n_tokens, peers=None):
-        mask = batch.completion_mask
-        correction = {}
-        if a.engine_correction != "none":  # μ_engine vs the trainer's μ: rapid/mismatch.py
-            factors, correction = truncated_is_factors(
-                batch.logp_mu, batch.logp_engine, mask, a.engine_correction, a.engine_correction_cap
-            )
-            token_logp = scale_gradient(token_logp, factors)  # same values; each token's gradient times its factor
-        logp_ref = None
-        if reference is not None:
-            with torch.no_grad(), autocast(device, compute_dtype):
-                logp_ref = completion_logprobs(reference, batch).float()
-        inputs = estimators.LossInputs(
-            token_logp,
-            batch.logp_mu,
-            mask,
-            batch.rewards,
-            batch.group_ids,
-            logp_ref,
-            n_records,
-            n_tokens,
-            t.max_new_tokens,
-            peers,  # the whole groups when groups span ranks (rapid.policy.gather_peers)
-        )
-        loss, stats = estimator.fn(inputs, a)
-        # |log π_θ − log μ| per token; on a round's first step θ = μ, so this is sampler/trainer mismatch
-        stats["token_logp_gap"] = masked_mean((token_logp.detach() - batch.logp_mu).abs(), mask).item()
-        return loss, stats | {f"correction_{k}": v for k, v in correction.items()}
-
+    loss_fn = functools.partial(
+        minibatch_loss,
+        a=a,
+        estimator=estimator,
+        reference=reference,
+        max_new_tokens=t.max_new_tokens,
+        device=device,
+        compute_dtype=compute_dtype,
+    )
     print0(
         self_test(task, train_records, cfg.reward.self_test, workers=cfg.reward.workers, timeout=cfg.reward.timeout_s)
     )
