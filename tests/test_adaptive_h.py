@@ -4,7 +4,6 @@ per-step ESS values and phase times; every expected number is worked out in the 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 import subprocess
@@ -221,9 +220,8 @@ def test_bad_auto_config_is_one_sentence(overrides, words):
 
 
 def test_auto_h_report_verdict_by_hand(tmp_path):
-    spec = importlib.util.spec_from_file_location("auto_h_report", REPO / "tools" / "auto_h_report.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    from tools import auto_h_report as report
+
     runs = {
         "PG": ([0.40, 0.50, 0.45], 200.0),
         "RAPID H=2": ([0.44, 0.46, 0.42], 180.0),

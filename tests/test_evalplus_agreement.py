@@ -3,20 +3,13 @@
 correct programs that return numpy scalars or print megabytes (tools/evalplus_agreement.py; the
 tasks cover the set-equality, not-None, custom-oracle and tolerance paths)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from rapid.tasks import sandbox
 from tests.test_mbpp_plus import DATA
-
-REPO = Path(__file__).resolve().parents[1]
-
-spec = importlib.util.spec_from_file_location("evalplus_agreement", REPO / "tools" / "evalplus_agreement.py")
-agreement = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(agreement)
+from tools import evalplus_agreement as agreement
 
 TASKS = ["Mbpp/2", "Mbpp/124", "Mbpp/581", "Mbpp/737"]  # set equality, tolerance, custom oracle, not None
 
