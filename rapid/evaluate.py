@@ -110,6 +110,41 @@ def evaluate(
     return row
 
 
+def evaluate_config(
+    cfg: DictConfig,
+    sampler,
+    task,
+    records: list[dict],
+    prompts: list[list[int]],
+    *,
+    seed: int,
+    rank: int = 0,
+    world: int = 1,
+    device=torch.device("cpu"),
+    outcomes: list[int] | None = None,
+) -> dict[str, float]:
+    """`evaluate` with the run's settings: task.max_new_tokens, eval.* (temperature, n_samples, ks),
+    sampler.temperature for pass@k, and the training's grading pool and timeout (reward.*)."""
+    return evaluate(
+        sampler,
+        task,
+        records,
+        prompts,
+        max_new_tokens=cfg.task.max_new_tokens,
+        temperature=cfg.eval.temperature,
+        n_samples=cfg.eval.n_samples,
+        sample_temperature=cfg.sampler.temperature,
+        ks=tuple(cfg.eval.ks),
+        rank=rank,
+        world=world,
+        device=device,
+        seed=seed,
+        outcomes=outcomes,
+        workers=cfg.reward.workers,
+        timeout=cfg.reward.timeout_s,
+    )
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
 @exit_on_config_error
 def main(cfg: DictConfig) -> dict:
@@ -139,23 +174,7 @@ def main(cfg: DictConfig) -> dict:
         seed=cfg.seed,
         max_len_needed=sequence_budget(prompts, cfg.task.max_new_tokens),
     )
-    row = evaluate(
-        sampler,
-        task,
-        records,
-        prompts,
-        max_new_tokens=cfg.task.max_new_tokens,
-        temperature=cfg.eval.temperature,
-        n_samples=cfg.eval.n_samples,
-        sample_temperature=cfg.sampler.temperature,
-        ks=tuple(cfg.eval.ks),
-        rank=rank,
-        world=world,
-        device=device,
-        seed=cfg.seed,
-        workers=cfg.reward.workers,
-        timeout=cfg.reward.timeout_s,
-    )
+    row = evaluate_config(cfg, sampler, task, records, prompts, seed=cfg.seed, rank=rank, world=world, device=device)
     row = {"model": path or cfg.model.name, "task": cfg.task.name, "sampler": sampler.name, **row}
     if distributed.is_main():
         out = Path(HydraConfig.get().runtime.output_dir)

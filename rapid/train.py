@@ -57,7 +57,7 @@ from rapid.config import (
 )
 from rapid.data import PromptStream
 from rapid.distributed import all_reduce_sum, gather_round, print0
-from rapid.evaluate import evaluate
+from rapid.evaluate import evaluate_config
 from rapid.iw_grpg import masked_mean, normalized_ess
 from rapid.logger import (
     MetricsLogger,
@@ -230,23 +230,17 @@ def eval_and_log(
     per-problem verdicts unless `log` is false, and a console line."""
     t0 = time.perf_counter()
     correct = []
-    row = evaluate(
+    row = evaluate_config(
+        cfg,
         sampler,
         task,
         records,
         prompts,
-        max_new_tokens=cfg.task.max_new_tokens,
-        temperature=cfg.eval.temperature,
-        n_samples=cfg.eval.n_samples,
-        sample_temperature=cfg.sampler.temperature,
-        ks=tuple(cfg.eval.ks),
+        seed=derive_seed(cfg.seed, EVAL_STREAM) % 2**31,
         rank=rank,
         world=world,
         device=device,
-        seed=derive_seed(cfg.seed, EVAL_STREAM) % 2**31,
         outcomes=correct,
-        workers=cfg.reward.workers,
-        timeout=cfg.reward.timeout_s,
     )
     row = {"round": round_, **row, "time/eval_s": time.perf_counter() - t0}
     if log:

@@ -66,7 +66,7 @@ from omegaconf import DictConfig
 
 from rapid.config import DTYPES, ConfigError, exit_on_config_error, register_resolvers, validate
 from rapid.data import PromptStream
-from rapid.evaluate import evaluate
+from rapid.evaluate import evaluate_config
 from rapid.models import load_model_and_tokenizer, unwrap
 from rapid.rewards import score
 from rapid.sampler import make_sampler, sequence_budget
@@ -325,18 +325,8 @@ def main(argv: list[str] | None = None) -> dict:
         seed=derive_seed(cfg.seed, ENGINE_STREAM, 0) % 2**31,  # rank 0's seed in rapid, on every rank
         max_len_needed=sequence_budget(eval_prompts, cfg.task.max_new_tokens),
     )
-    final = evaluate(
-        sampler,
-        task,
-        eval_records,
-        eval_prompts,
-        max_new_tokens=cfg.task.max_new_tokens,
-        temperature=cfg.eval.temperature,
-        n_samples=cfg.eval.n_samples,
-        sample_temperature=cfg.sampler.temperature,
-        ks=tuple(cfg.eval.ks),
-        device=device,
-        seed=derive_seed(cfg.seed, EVAL_STREAM) % 2**31,
+    final = evaluate_config(  # graded with rapid's pool and timeout (reward.*), as rapid.train grades
+        cfg, sampler, task, eval_records, eval_prompts, seed=derive_seed(cfg.seed, EVAL_STREAM) % 2**31, device=device
     )
     eval_s = time.perf_counter() - t1
 
