@@ -15,20 +15,11 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 from rapid.models import ModelLoadError, load_model_and_tokenizer  # noqa: E402
 from rapid.policy import CompletionLogprobs, completion_logprobs  # noqa: E402
 from rapid.sampler import VLLMSampler  # noqa: E402
-from tests.helpers import encode  # noqa: E402
+from tests.helpers import TINY, encode  # noqa: E402
 from tests.test_vllm_sampler import trainer_vs_engine  # noqa: E402
 
 T = 0.7
-SHAPE = dict(  # head_dim 32: the CPU attention backend's smallest
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=32,
-    max_position_embeddings=256,
-    tie_word_embeddings=True,
-)
+SHAPE = TINY  # tests/helpers.py's tiny shape; head_dim 32: the CPU attention backend's smallest
 FAMILIES = {
     "qwen2.5": dict(model_type="qwen2"),  # Qwen2.5-0.5B/1.5B-Instruct
     "llama-3.2": dict(
