@@ -301,7 +301,70 @@ def test_memory_outside_the_address_space_is_bounded(name):
 def test_memory_bound_is_stated_and_finite():
     limits = sandbox.Limits(memory_mb=1024, disk_mb=64, file_mb=8, open_files=32)
     pipe_mb = max(1, sandbox.pipe_max_bytes() >> 20)
-    assert sandbox.memory_bound_mb(limits) == 1024 + 64 + 32 * max(8, pipe_mb)
+    tasks = 32 + 2  # threads, bwrap's init and the driver: 64 KiB of kernel memory each, rounded up to MB
+    assert sandbox.memory_bound_mb(limits) == 1024 + 64 + 32 * max(8, pipe_mb) + 3
+    assert sandbox.nproc(limits, "bwrap") == tasks
+    assert sandbox.nproc(sandbox.Limits(processes=4), "process") == 4
+
+
+THREAD_BOMB = """import threading
+def f(n):
+    threading.stack_size(32768)
+    threads, release = [], threading.Event()
+    try:
+        for _ in range(n):
+            t = threading.Thread(target=release.wait)
+            t.start()
+            threads.append(t)
+    except RuntimeError:  # "can't start new thread"
+        pass
+    release.set()
+    for t in threads:
+        t.join()
+    return len(threads)
+"""
+
+
+@pytest.mark.parametrize("threads", [32, 5])
+def test_threads_are_bounded(threads):
+    """A program starting thousands of tiny-stack threads gets exactly `threads` of them, also when
+    the grader runs as root (whom the kernel exempts from RLIMIT_NPROC): bwrap is then started as
+    nobody, or inside a pids cgroup."""
+    if os.geteuid() == 0 and sandbox._root_confinement(sandbox.bwrap_path()) is None:
+        pytest.skip("running as root with neither a reachable interpreter for nobody nor a writable pids cgroup")
+    run = sandbox.call_function(
+        THREAD_BOMB, "f", [[3000]], sandbox.Limits(timeout_s=60, memory_mb=512, threads=threads)
+    )
+    assert run.status == "ok", run.log
+    assert run.outputs == [("ok", threads)]
+
+
+def test_reachable_by_nobody():
+    """The check that decides whether root may start bwrap as nobody: every directory on the way
+    searchable by others and the file readable by others."""
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(dir="/tmp"))  # /tmp is searchable by everyone
+    try:
+        inner = top / "a" / "b"
+        inner.mkdir(parents=True)
+        lib = inner / "lib.so"
+        lib.write_bytes(b"x")
+        for d in (top, top / "a", inner):
+            d.chmod(0o755)
+        lib.chmod(0o644)
+        assert sandbox._reachable(str(lib), uid=12345)
+        assert sandbox._reachable(str(inner), uid=12345)
+        (top / "a").chmod(0o700)
+        assert not sandbox._reachable(str(lib), uid=12345)
+        assert sandbox._reachable(str(lib), uid=os.stat(top / "a").st_uid)  # its owner may
+        (top / "a").chmod(0o755)
+        lib.chmod(0o600)
+        assert not sandbox._reachable(str(lib), uid=12345)
+        assert not sandbox._reachable(str(inner / "missing"), uid=12345)
+    finally:
+        shutil.rmtree(top)
 
 
 def test_honest_program_using_its_allowance_passes():
@@ -327,13 +390,17 @@ def add(a, b):
 
 
 def test_threads_numpy_and_noise_still_score():
+    """Threads within the allowance (a pool of 8 workers) compute a correct answer that scores."""
     code = """import threading, numpy as np
+from concurrent.futures import ThreadPoolExecutor
 print("noise " * 100000)
 def add(a, b):
     out = []
     t = threading.Thread(target=lambda: out.append(np.int64(a) + np.int64(b) if abs(a) < 2**62 and abs(b) < 2**62 else a + b))
     t.start()
     t.join()
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(lambda x: x, range(100))) == 4950
     print("more noise", out)
     return out[0]
 """

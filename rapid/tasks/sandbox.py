@@ -21,8 +21,8 @@ package or `bwrap` on PATH):
   perf_event_open, userfaultfd, keyrings, io_uring, unshare, setns, mount), those that would hold
   memory outside its limits (SysV shared memory, semaphores and messages, POSIX message queues,
   memfd_secret, sockets) and, with `processes=0`, new processes (fork, vfork, clone without
-  CLONE_THREAD; threads are allowed); RLIMIT_NPROC as well (which the kernel does not apply to root,
-  hence the filter);
+  CLONE_THREAD; threads are allowed, up to `threads`: RLIMIT_NPROC, which the kernel does not apply
+  to root, so a grader running as root starts bwrap as nobody or in a pids cgroup, see below);
 * limits set by the driver before the program runs: RLIMIT_CPU, RLIMIT_AS and RLIMIT_STACK
   (memory), RLIMIT_FSIZE (each file, in-memory files too), RLIMIT_NOFILE, RLIMIT_MSGQUEUE 0,
   RLIMIT_NPROC, RLIMIT_CORE 0: together they bound all the memory it can hold (`memory_bound_mb`,
@@ -64,6 +64,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 
 PACKAGES = ("numpy",)  # third-party packages a program may import (bound read-only at /opt/site)
@@ -80,7 +81,8 @@ class Limits:
     file_mb: int = 8  # RLIMIT_FSIZE: the largest file (in-memory files too) it may write
     disk_mb: int = 64  # size of its working directory (a private tmpfs)
     open_files: int = 32  # RLIMIT_NOFILE: descriptors (each holds at most max(file_mb, a pipe) of memory)
-    processes: int = 0  # RLIMIT_NPROC; 0: no new processes (seccomp under bwrap)
+    processes: int = 0  # new processes it may start; 0: none (seccomp under bwrap)
+    threads: int = 32  # threads it may run beside its main one (RLIMIT_NPROC counts both, under bwrap)
     line_bytes: tuple[int, ...] = ()  # most bytes of each input's result line (empty: results_mb)
     results_mb: int = 64  # most result bytes in all
     decoded_mb: int = 64  # most bytes the numpy values of one decoded result may take
@@ -95,13 +97,25 @@ def pipe_max_bytes() -> int:
         return 1 << 20  # the kernel's default
 
 
+TASK_KB = 64  # kernel memory of one thread outside the address space (kernel stack, task struct), rounded up
+
+
 def memory_bound_mb(limits: Limits) -> int:
-    """The most memory (MB) a program can hold under bwrap with `limits`: its address space, its
-    working directory (tmpfs), and what descriptors can hold outside the address space (each at most
-    one file of file_mb, e.g. a memfd, or one pipe buffer; SysV IPC, message queues and sockets are
-    refused, so no descriptor is held in flight). Threads are the exception: see docs/safety.md."""
+    """The most memory (MB) a program without new processes can hold under bwrap with `limits`: its
+    address space (thread stacks included), its working directory (tmpfs), what descriptors can hold
+    outside the address space (each at most one file of file_mb, e.g. a memfd, or one pipe buffer;
+    SysV IPC, message queues and sockets are refused, so no descriptor is held in flight) and the
+    kernel's share of each of its tasks (`nproc`). docs/safety.md derives it."""
     per_fd = max(limits.file_mb, -(-pipe_max_bytes() >> 20))
-    return limits.memory_mb + limits.disk_mb + limits.open_files * per_fd
+    kernel = -(-nproc(limits, "bwrap") * TASK_KB // 1024)
+    return limits.memory_mb + limits.disk_mb + limits.open_files * per_fd + kernel
+
+
+def nproc(limits: Limits, sandbox: str) -> int:
+    """RLIMIT_NPROC for the program. Under bwrap the kernel counts the tasks of the sandbox's user in
+    its own user namespace: bwrap's init, the driver's main thread, its threads and processes. Under
+    sandbox="process" it counts all of this user's processes, so only new processes are limited."""
+    return limits.processes + limits.threads + 2 if sandbox == "bwrap" else limits.processes
 
 
 @dataclass
@@ -278,7 +292,7 @@ def _driver(job_fd, results_fd):
         (resource.RLIMIT_FSIZE, (lim["file_mb"] << 20,) * 2),
         (resource.RLIMIT_NOFILE, (lim["open_files"],) * 2),
         (resource.RLIMIT_MSGQUEUE, (0, 0)),
-        (resource.RLIMIT_NPROC, (lim["processes"],) * 2),
+        (resource.RLIMIT_NPROC, (lim["nproc"],) * 2),
     ):
         resource.setrlimit(limit, value)
     hard = resource.getrlimit(resource.RLIMIT_STACK)[1]
@@ -431,6 +445,107 @@ def _bwrap_argv(bwrap: str, limits: Limits, seccomp_fd: int) -> list[str]:
     ]
 
 
+# --- confining root --------------------------------------------------------------------------------
+# The kernel does not apply RLIMIT_NPROC to a task whose real user is root, and a sandbox started by
+# root runs as root outside its user namespace: its threads would be bounded only by its address space.
+# So when the grader runs as root, bwrap is started as user nobody where nobody can reach everything
+# the sandbox binds (an interpreter under /usr or /opt, a readable virtualenv), else inside a fresh
+# pids cgroup whose pids.max is the same count, where the machine has a writable one; else threads
+# stay outside the bound, with one warning (docs/safety.md).
+def _reachable(path: str, uid: int = UID) -> bool:
+    """Whether `uid` (in no group of the files') can open `path` for reading: every directory on
+    the way searchable by others, the path itself readable by others."""
+    path = os.path.realpath(path)
+    parts = path.split("/")
+    try:
+        for i in range(1, len(parts)):
+            st = os.stat("/".join(parts[:i]) or "/")
+            if st.st_uid != uid and not st.st_mode & 0o001:
+                return False
+        st = os.stat(path)
+    except OSError:
+        return False
+    need = 0o005 if os.path.isdir(path) else 0o004
+    return st.st_uid == uid or st.st_mode & need == need
+
+
+def _bind_sources(bwrap: str) -> list[str]:
+    args = _bwrap_mounts()
+    return [bwrap] + [args[i + 1] for i, a in enumerate(args) if a == "--ro-bind"]
+
+
+def _pids_hierarchy() -> str | None:
+    """A writable cgroup (v1 `pids` hierarchy, or v2 with pids in the subtree) that new cgroups with
+    a pids.max can be made in, or None."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            mine = dict(line.rstrip("\n").split(":", 2)[1:] for line in f if line.count(":") >= 2)
+        with open("/proc/self/mounts") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return None
+    for _, where, kind, options, *_ in mounts:
+        if kind == "cgroup" and "pids" in options.split(","):
+            candidate = os.path.join(
+                where, next((v for k, v in mine.items() if "pids" in k.split(",")), "/").lstrip("/")
+            )
+        elif kind == "cgroup2":
+            candidate = os.path.join(where, mine.get("", "/").lstrip("/"))
+        else:
+            continue
+        probe = _pids_cgroup(candidate, 1)
+        if probe is not None:
+            _remove_cgroup(probe)
+            return candidate
+    return None
+
+
+_cgroups = iter(range(1 << 62))
+
+
+def _pids_cgroup(parent: str, limit: int) -> str | None:
+    path = os.path.join(parent, f"rapid-sandbox-{os.getpid()}-{next(_cgroups)}")
+    try:
+        os.mkdir(path)
+    except OSError:
+        return None
+    try:
+        with open(os.path.join(path, "pids.max"), "w") as f:
+            f.write(str(limit))
+        return path
+    except OSError:
+        _remove_cgroup(path)
+        return None
+
+
+def _remove_cgroup(path: str) -> None:
+    for _ in range(50):  # the killed tasks leave it within milliseconds
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
+@functools.cache
+def _root_confinement(bwrap: str) -> str | None:
+    """How a sandbox started by root gets its task count bounded: "nobody", "cgroup:<parent>" or None."""
+    if all(_reachable(p) for p in _bind_sources(bwrap)):
+        return "nobody"
+    parent = _pids_hierarchy()
+    if parent is not None:
+        return "cgroup:" + parent
+    warnings.warn(
+        "the MBPP+ sandbox runs as root here, where the kernel does not count its threads: bwrap cannot be "
+        "started as nobody (it cannot reach the interpreter or the virtualenv) and no writable pids cgroup "
+        "exists, so a program's threads are bounded only by its address space (docs/safety.md)",
+        stacklevel=2,
+    )
+    return None
+
+
 def _site_of_packages() -> str:
     """sandbox="process": the folder PACKAGES are installed in (the program sees all of it)."""
     spec = importlib.util.find_spec(PACKAGES[0])
@@ -529,12 +644,12 @@ def call_function(
                 "memory_mb": limits.memory_mb,
                 "file_mb": limits.file_mb,
                 "open_files": limits.open_files,
-                "processes": limits.processes,
+                "nproc": nproc(limits, sandbox),
             },
         }
     ).encode()
     start = time.monotonic()
-    proc, root, mine, theirs = None, None, [], []
+    proc, root, mine, theirs, user, group = None, None, [], [], {}, None
     try:
         job_fd = _memfd("job", job)
         theirs.append(job_fd)
@@ -552,6 +667,14 @@ def call_function(
             if seccomp_fd >= 0:
                 theirs.append(seccomp_fd)
             argv, cwd, env = _bwrap_argv(bwrap, limits, seccomp_fd) + command, "/", {}
+            how = _root_confinement(bwrap) if os.geteuid() == 0 else "user"
+            if how == "nobody":
+                user = {"user": UID, "group": UID, "extra_groups": []}
+            elif how is not None and how.startswith("cgroup:"):
+                group = _pids_cgroup(how[len("cgroup:") :], nproc(limits, sandbox) + 1)  # + the shell below
+                if group is None:
+                    return RunResult("sandbox_error", log="could not create a pids cgroup for the sandbox")
+                argv = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', group, *argv]
         elif sandbox == "process":
             root = os.path.realpath(tempfile.mkdtemp(prefix="rapid-sandbox-"))
             argv, cwd, env = (
@@ -570,6 +693,7 @@ def call_function(
             stderr=log_w,
             pass_fds=tuple(theirs),
             start_new_session=True,
+            **user,
         )
         for fd in theirs:
             os.close(fd)
@@ -579,6 +703,8 @@ def call_function(
         return RunResult("sandbox_error", log=f"{type(e).__name__}: {e}")
     finally:
         _end(proc, root, mine + theirs)
+        if group is not None:
+            _remove_cgroup(group)
 
 
 SMALL_LINE = 1024  # most bytes of a line other than an input's result (ready, setup, done)
