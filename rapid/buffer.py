@@ -216,18 +216,21 @@ def dynamic_sampling(
     local_step: int,
     device,
     trim: bool = True,
-) -> tuple[list[Rollout], int, int]:
+) -> tuple[list[Rollout], int, int, int]:
     """DAPO's dynamic sampling of one round on this rank: keep the informative groups of `rollouts`
-    (`keep_informative_groups`); while fewer than `target` records are kept, call `sample_more(attempt)`
-    (attempt = 1 .. tries - 1: a fresh batch of prompts, sampled and scored, and its reward failures) and
-    keep its informative groups too; then `trim_to_minibatches` (unless `trim` is false: where groups span
-    ranks the gathered round is trimmed, alike on every rank). Returns (records, reward failures, groups
-    dropped)."""
+    (`keep_informative_groups`); while some rank has fewer than `target` records kept, every rank calls
+    `sample_more(attempt)` (attempt = 1 .. tries - 1: a fresh batch of prompts, sampled and scored, and
+    its reward failures) and keeps its informative groups too. The decision is collective, so every
+    rank draws the same batches from its prompt stream and the streams stay aligned. Then
+    `trim_to_minibatches` (unless `trim` is false: where groups span ranks the gathered round is
+    trimmed, alike on every rank). Returns (records, reward failures, groups dropped, batches sampled,
+    the first included): the samples the round generated are batches x the first batch's."""
     rollouts, dropped = keep_informative_groups(rollouts)
+    batches = 1
     for attempt in range(1, tries):
-        if len(rollouts) >= target:
+        if all_reduce_max(float(len(rollouts) < target), device) == 0.0:  # every rank is full
             break
         extra, f = sample_more(attempt)
         extra, d = keep_informative_groups(extra)
-        rollouts, failed, dropped = rollouts + extra, failed + f, dropped + d
-    return (trim_to_minibatches(rollouts, local_step, target, device) if trim else rollouts), failed, dropped
+        rollouts, failed, dropped, batches = rollouts + extra, failed + f, dropped + d, batches + 1
+    return (trim_to_minibatches(rollouts, local_step, target, device) if trim else rollouts), failed, dropped, batches

@@ -94,7 +94,7 @@ def lr_lambda(schedule: str, warmup: int, total: int):
     def f(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))  # a last round may overshoot `total`
         return {"constant": 1.0, "linear": 1.0 - progress, "cosine": 0.5 * (1 + math.cos(math.pi * progress))}[schedule]
 
     return f
@@ -395,11 +395,11 @@ def train(cfg: DictConfig) -> dict:
         clock = PhaseClock(device)
         # 1-3. prompts X_t (the round's n_inference / n_group), sampled with μ = π_θ and scored
         rollouts, failed = sample(round_, 0, n_prompts, clock)
-        dropped = None
+        dropped, batches = None, 1
         if a.dynamic_sampling:  # DAPO: drop all-equal groups, sample more prompts until full
             more = lambda attempt: sample(round_, attempt, n_prompts, clock)  # DAPO's next prompts, same round
             target = len(range(rank, n_prompts, world)) * a.n_group  # this rank's records
-            rollouts, failed, dropped = dynamic_sampling(
+            rollouts, failed, dropped, batches = dynamic_sampling(
                 rollouts, failed, more, a.dynamic_sampling_tries, target, a.n_step // world, device, trim=not spanning
             )
         # 4. Z_t, served as group-aligned minibatches (n_step records over all ranks), once per pass
@@ -461,10 +461,10 @@ def train(cfg: DictConfig) -> dict:
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 steps.append(stats)
-        unused = (H - len(steps)) * a.n_step if auto_h else 0  # generated, not trained on (early stop)
-        for _ in range(unused // a.n_step):  # the lr schedule runs over samples generated
-            scheduler.step()
-        samples_done += H * a.n_step
+        generated = H * a.n_step * batches  # DAPO's extra batches count: samples are what the engine generated
+        for _ in range(generated // a.n_step * a.num_iterations - len(steps)):  # the lr schedule runs over
+            scheduler.step()  # samples generated: steps not taken (an early stop, DAPO's trimming) advance it
+        samples_done += generated
         # 6. the new weights go to the sampler, in place
         with clock.phase("sync"):
             sampler.sync_weights(model)
@@ -486,6 +486,8 @@ def train(cfg: DictConfig) -> dict:
             device,
             dropped,
         )
+        if a.dynamic_sampling:
+            row["train/sampling_batches"] = batches  # DAPO: batches of H * n_step prompts' samples generated
         if auto_h:  # the next round's H, from this round's weights and phase times (averaged over ranks)
             h_state, h_log = adaptive_h.end_round(h_state, auto_h, H, ess, len(steps), row, world, device)
             row |= h_log
@@ -498,10 +500,10 @@ def train(cfg: DictConfig) -> dict:
                     policy, rollouts[: a.n_group], pad_id=sampler.pad_id, device=device, compute_dtype=compute_dtype
                 ),
             )
-        bar.update(H * a.n_step)
+        bar.update(generated)
         bar.set_postfix(**progress_fields(row, H))
         last = samples_done >= cfg.samples
-        crossed = samples_done // every_samples > (samples_done - H * a.n_step) // every_samples
+        crossed = samples_done // every_samples > (samples_done - generated) // every_samples
         if (cfg.eval.every and (round_ + 1) % cfg.eval.every == 0) or crossed or last:
             final = run_eval(round_ + 1)
         if (cfg.ckpt.every and (round_ + 1) % cfg.ckpt.every == 0) or last:

@@ -180,10 +180,10 @@ def test_dynamic_sampling_samples_more_until_full_then_trims_to_whole_minibatche
         calls.append(attempt)
         return more[attempt]
 
-    kept, failed, dropped = dynamic_sampling(first, 1, sample_more, 4, 8, 4, torch.device("cpu"))
+    kept, failed, dropped, batches = dynamic_sampling(first, 1, sample_more, 4, 8, 4, torch.device("cpu"))
     assert calls == [1, 2]
     assert [r.group_id for r in kept] == [0, 0, 2, 2, 10, 10, 20, 20]
-    assert (failed, dropped) == (3, 3)
+    assert (failed, dropped, batches) == (3, 3, 3)
 
 
 def test_dynamic_sampling_trains_on_what_its_tries_found():
@@ -192,10 +192,62 @@ def test_dynamic_sampling_trains_on_what_its_tries_found():
     from rapid.buffer import dynamic_sampling
 
     first = group(0, [1, 0]) + group(1, [0, 0]) + group(2, [0, 1])
-    kept, failed, dropped = dynamic_sampling(
+    kept, failed, dropped, batches = dynamic_sampling(
         first, 0, lambda attempt: (group(10, [1, 0]) + group(11, [0, 0]), 1), 2, 8, 4, torch.device("cpu")
     )
     assert [r.group_id for r in kept] == [0, 0, 2, 2]
-    assert (failed, dropped) == (1, 2)
+    assert (failed, dropped, batches) == (1, 2, 2)
     with pytest.raises(RuntimeError, match="dynamic_sampling_tries"):
         dynamic_sampling(group(0, [0, 0]), 0, lambda attempt: (group(5, [1, 1]), 0), 3, 8, 4, torch.device("cpu"))
+
+
+def _dynamic_sampling_rank(rank: int, world: int, init_file: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from rapid import distributed
+    from rapid.buffer import dynamic_sampling
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    distributed._owned = True
+    try:
+        # rank 0 is full at once (two informative groups); rank 1 keeps one group per batch
+        first = group(0, [1, 0]) + group(1, [0, 1]) if rank == 0 else group(0, [1, 0]) + group(1, [0, 0])
+        calls = []
+
+        def sample_more(attempt):
+            calls.append(attempt)
+            return group(10 * attempt, [0, 1]) + group(10 * attempt + 1, [1, 1]), 0
+
+        kept, failed, dropped, batches = dynamic_sampling(first, 0, sample_more, 5, 4, 2, torch.device("cpu"))
+        torch.save({"calls": calls, "kept": [r.group_id for r in kept], "batches": batches}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dynamic_sampling_draws_alike_on_every_rank(tmp_path):
+    """Under DDP every rank draws the same number of extra batches (its prompt stream stays aligned
+    with the others'): rank 0, full after its first batch, samples as long as rank 1 needs to, and
+    both report the batches the round generated. Each keeps (and trims to) its own records."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_dynamic_sampling_rank, args=(2, str(tmp_path / "store"), str(tmp_path / "out")), nprocs=2, join=True)
+    r0, r1 = torch.load(f"{tmp_path}/out.0"), torch.load(f"{tmp_path}/out.1")
+    assert r0["calls"] == r1["calls"] == [1]
+    assert r0["batches"] == r1["batches"] == 2
+    assert r0["kept"] == [0, 0, 1, 1]  # its first batch filled it; the extra batch is trimmed away
+    assert r1["kept"] == [0, 0, 10, 10]
+
+
+def test_lr_schedule_never_passes_its_end():
+    """A last round that overshoots the planned steps keeps the final lr (0 for linear and cosine),
+    rather than a negative lr (linear: gradient ascent) or a rising one (cosine)."""
+    from rapid.train import lr_lambda
+
+    for schedule in ("linear", "cosine"):
+        f = lr_lambda(schedule, 2, 10)
+        assert f(0) == pytest.approx(0.5) and f(2) == pytest.approx(1.0)
+        assert f(10) == pytest.approx(0.0, abs=1e-12)
+        assert f(13) == pytest.approx(0.0, abs=1e-12) and f(20) == pytest.approx(0.0, abs=1e-12)
+    assert lr_lambda("linear", 0, 10)(5) == pytest.approx(0.5)
+    assert lr_lambda("cosine", 0, 10)(5) == pytest.approx(0.5)
+    assert lr_lambda("constant", 0, 10)(30) == 1.0

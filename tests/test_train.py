@@ -505,6 +505,12 @@ def test_dapo_dynamic_sampling_with_groups_spanning_ranks(tmp_path):
     rows = train_rows(read_rows(run))
     assert [r["round"] for r in rows] == [1, 2]
     assert all("train/dropped_groups" in r and math.isfinite(r["train/loss"]) for r in rows), rows
+    # every batch dynamic sampling drew counts as generated samples (H * n_step = 16 each), and the lr
+    # schedule advanced by the steps those samples pay for, whether or not trimming trained them all
+    generated = [16 * r["train/sampling_batches"] for r in rows]
+    assert [r["samples"] for r in rows] == [generated[0], generated[0] + generated[1]]
+    state = torch.load(run / "checkpoints" / "round_000002" / "state.pt", weights_only=False)
+    assert state["scheduler"]["last_epoch"] == rows[-1]["samples"] // 4
 
 
 @pytest.mark.slow
