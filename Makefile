@@ -13,7 +13,7 @@ TORCH := $(if $(HAS_CUDA),torch==2.11.0,torch==2.13.0)
 EXTRAS := $(if $(HAS_CUDA),gpu,cpu),dev,bench
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint format smoke sweep-h default-results bench bench-rl bench-rl-gpu clean clip-bias \
+.PHONY: help install run test test-all lint format smoke sweep-h default-results bench bench-rl bench-rl-gpu clean clip-bias \
         reproduce-table1 reproduce-table2 reproduce-table3 reproduce-table4 \
         reproduce-table1-cpu reproduce-table2-cpu reproduce-table3-cpu reproduce-table4-cpu reproduce-ablations-cpu
 
@@ -41,7 +41,10 @@ $(VENV)/.installed: setup.cfg Makefile
 run: install  ## the default run: RAPID on procedurally generated addition, SmolLM2-135M, CPU, offline (~5.5 min on 2 cores)
 	$(PY) -m rapid.train
 
-test: install  ## the test suite (tiny models built in the tests; includes short end-to-end runs)
+test: install  ## the tests CI runs (~5 min on 2 cores): all but those marked slow, with one short end-to-end run
+	$(PY) -m pytest -q -m "not slow"
+
+test-all: install  ## every test, the slow ones too (~25 min on 2 cores): end-to-end, multi-rank, resume, sandbox sweeps
 	$(PY) -m pytest -q
 
 lint: install  ## ruff: lint and check the formatting (CI runs this before the tests)

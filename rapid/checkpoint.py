@@ -2,11 +2,16 @@
 
 <run_dir>/checkpoints/round_000012/
     model/      the policy (save_pretrained: loadable by transformers and rapid.evaluate)
-    state.pt    optimizer, scheduler, round, samples, data position, RNG states, elapsed time, config,
+    state.pt    optimizer, scheduler, round, samples, data position, RNG states (every rank's), elapsed time, config,
                 the H=auto controller's state
 
 A checkpoint is never written from weights that hold a NaN or an infinity (`save` raises
 `rapid.config.RunStopped` and leaves the checkpoints on disk as they were; rapid/nonfinite.py).
+
+With sharded parameters (train.parallel=fsdp) every rank first joins `gather`, which collects the whole
+weights and optimizer state on rank 0 (on the CPU), and rank 0 writes them in the same files, so a
+checkpoint reads the same whichever way it was trained; the optimizer state is then keyed by parameter
+name instead of position, and `load` converts between the two.
 """
 
 from __future__ import annotations
@@ -39,10 +44,17 @@ def save(
     elapsed_s: float,
     keep: int,
     extra: dict | None = None,
+    gathered: dict | None = None,
+    rng_per_rank: list[dict] | None = None,
 ) -> Path:
     """`extra`: more of the loop's state (samples generated so far, the H=auto controller's state).
-    Raises RunStopped, writing nothing, if a parameter is not finite."""
-    poisoned = nonfinite_parameters(unwrap(model))
+    `gathered`: `gather`'s whole weights and optimizer state of a sharded model. `rng_per_rank`: every
+    rank's RNG states (`gather_rng_states`), restored rank by rank. Raises RunStopped,
+    writing nothing, if a parameter is not finite."""
+    if gathered is None:
+        poisoned = nonfinite_parameters(unwrap(model))
+    else:
+        poisoned = [name for name, t in gathered["model"].items() if not bool(torch.isfinite(t).all())]
     if poisoned:
         raise RunStopped(
             f"the weights after round {round_} hold NaN or infinite values ({len(poisoned)} parameters, e.g. "
@@ -52,15 +64,16 @@ def save(
     root = Path(run_dir) / "checkpoints"
     path, tmp = root / f"round_{round_:06d}", root / f"round_{round_:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    unwrap(model).save_pretrained(tmp / "model")
+    unwrap(model).save_pretrained(tmp / "model", state_dict=gathered and gathered["model"])
     tokenizer.save_pretrained(tmp / "model")
     torch.save(
         {
             "round": round_,
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optimizer.state_dict() if gathered is None else gathered["optimizer"],
             "scheduler": scheduler.state_dict(),
             "stream": stream.state_dict(),
             "rng": rng_state(),
+            "rng_per_rank": rng_per_rank or [rng_state()],
             "elapsed_s": elapsed_s,
             "config": OmegaConf.to_container(cfg, resolve=True),
             **(extra or {}),
@@ -118,16 +131,76 @@ def load_config(path: Path) -> DictConfig:
     )
 
 
-def load(path: Path, model, optimizer, scheduler, stream) -> dict:
+def gather(model, optimizer) -> dict | None:
+    """A sharded model's whole weights and optimizer state (parameter-name keys) on rank 0's CPU, empty
+    on the other ranks; a collective every rank joins. None for a model that is not sharded."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    from rapid.distributed import is_sharded
+
+    if not is_sharded(model):
+        return None
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=options)
+    # a tied weight once, under its first name (lm_head.weight is embed_tokens.weight), as save_pretrained does
+    first = {name for name, _ in unwrap(model).named_parameters()} | {name for name, _ in unwrap(model).named_buffers()}
+    return {
+        "model": {name: t for name, t in weights.items() if name in first},
+        "optimizer": get_optimizer_state_dict(model, optimizer, options=options),
+    }
+
+
+def optimizer_state_layout(state: dict, names: list[str], by_name: bool) -> dict:
+    """An optimizer state dict keyed by parameter position (torch's `state_dict`) or by parameter name
+    (`get_optimizer_state_dict`, what a sharded run saves), converted to the layout asked for; `names`
+    are the model's parameter names in `model.parameters()` order (the optimizer's)."""
+    keyed_by_name = any(isinstance(k, str) for k in state["state"]) or any(
+        isinstance(p, str) for g in state["param_groups"] for p in g["params"]
+    )
+    if keyed_by_name == by_name:
+        return state
+    key = {i: n for i, n in enumerate(names)} if by_name else {n: i for i, n in enumerate(names)}
+    return {
+        "state": {key[k]: v for k, v in state["state"].items()},
+        "param_groups": [g | {"params": [key[p] for p in g["params"]]} for g in state["param_groups"]],
+    }
+
+
+def gather_rng_states() -> list[dict]:
+    """Every rank's RNG states (python, numpy, torch, CUDA), in rank order; a collective. Each rank's
+    differ: on CPU the engine samples from torch's global generator, seeded per rank."""
+    from rapid.distributed import all_gather_objects
+
+    return all_gather_objects(rng_state())
+
+
+def load(path: Path, model, optimizer, scheduler, stream, rank: int = 0, world: int = 1) -> dict:
     """Restore all states in place; returns the raw state (round, elapsed_s, ...). The state is read
     onto the CPU: saved from GPU 0, it would otherwise land whole on cuda:0 on every rank (the optimizer
-    moments are twice the model); `optimizer.load_state_dict` moves each moment to its parameter's device."""
+    moments are twice the model); `optimizer.load_state_dict` moves each moment to its parameter's device.
+    A sharded model (train.parallel=fsdp) takes its shard of each whole tensor; a checkpoint written
+    with either train.parallel resumes with either. Each rank restores its own RNG states where the
+    checkpoint holds one per rank of the same world size (else rank 0's: the run continues, but not
+    draw for draw)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    from rapid.distributed import is_sharded
+
     path = Path(path)
     state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     saved = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32)
-    unwrap(model).load_state_dict(saved.state_dict())
-    optimizer.load_state_dict(state["optimizer"])
+    names = [name for name, _ in unwrap(model).named_parameters()]
+    if is_sharded(model):
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(model, saved.state_dict(), options=options)
+        set_optimizer_state_dict(
+            model, optimizer, optimizer_state_layout(state["optimizer"], names, True), options=options
+        )
+    else:
+        unwrap(model).load_state_dict(saved.state_dict())
+        optimizer.load_state_dict(optimizer_state_layout(state["optimizer"], names, False))
     scheduler.load_state_dict(state["scheduler"])
     stream.load_state_dict(state["stream"])
-    set_rng_state(state["rng"])
+    per_rank = state.get("rng_per_rank") or []
+    set_rng_state(per_rank[rank] if len(per_rank) == world else state["rng"])
     return state

@@ -141,7 +141,7 @@ NUMBERS = [
     ("ckpt.every", int, 0, False, None),
     ("ckpt.keep", int, 0, False, None),
 ]
-CHOICES = {"optim.schedule": ("constant", "linear", "cosine")}
+CHOICES = {"optim.schedule": ("constant", "linear", "cosine"), "train.parallel": ("ddp", "fsdp")}
 AUTO_KEYS = ("algorithm.H", "algorithm.n_inference")  # may also be `auto` (rapid/adaptive_h.py)
 _ABSENT = object()
 
@@ -225,6 +225,11 @@ def validate(cfg: DictConfig, world: int) -> None:
             f"or into equal slices of one group (n_step / world_size dividing n_group)",
         ),
         (a.eta is None or a.eta >= 1.0, f"algorithm.eta={a.eta} must be >= 1 (or null for no truncation)"),
+        (
+            world == 1 or cfg.train.get("parallel", "ddp") != "fsdp" or cfg.sampler.name != "hf",
+            "train.parallel=fsdp shards the policy over ranks, which sampler=hf generates with on each rank alone: "
+            "use sampler=vllm (the engine gets whole weights at each sync) or train.parallel=ddp",
+        ),
         (
             cfg.train.micro_batch % a.n_group == 0,
             f"train.micro_batch={cfg.train.micro_batch} must be a multiple of algorithm.n_group={a.n_group}",

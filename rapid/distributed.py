@@ -1,4 +1,5 @@
-"""torchrun / DDP plumbing: one process per rank, gloo on CPU, nccl on GPU."""
+"""torchrun plumbing: one process per rank, gloo on CPU, nccl on GPU; the policy replicated (DDP) or its
+parameters, gradients and optimizer state sharded over ranks (FSDP2, `train.parallel=fsdp`)."""
 
 from __future__ import annotations
 
@@ -133,3 +134,45 @@ def shutdown() -> None:
     if _owned and dist.is_initialized() and "vllm" not in sys.modules:
         dist.destroy_process_group()
     _owned = False
+
+
+# --- FSDP2 (train.parallel=fsdp) ---------------------------------------------------------------------
+# Each decoder layer and then the whole model are sharded with torch.distributed.fsdp.fully_shard, with
+# `reshard_after_forward=False`: parameters are gathered once per forward and kept for the backward,
+# gradients are reduce-scattered and the optimizer state lives on each rank's shard only (the paper's
+# DeepSpeed ZeRO-2 setting). Whatever reads whole weights (the engine's weight sync, checkpoints) gathers
+# them with `full_state_dict`, a collective every rank joins.
+def shard_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Shard `model` in place over the default process group (its parameters become DTensors); build
+    the optimizer afterwards, from the sharded parameters."""
+    from torch.distributed.fsdp import fully_shard
+
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ConfigError(
+            f"train.parallel=fsdp shards decoder layers at model.model.layers, which {type(model).__name__} does "
+            "not have: use train.parallel=ddp for this model"
+        )
+    for layer in layers:
+        fully_shard(layer, reshard_after_forward=False)
+    fully_shard(model, reshard_after_forward=False)
+    return model
+
+
+def is_sharded(module: torch.nn.Module) -> bool:
+    """Whether `module` (or the model inside a CompletionLogprobs) was sharded by `shard_model`."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in (module, getattr(module, "model", None)))
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor gathered whole (a collective: every rank calls it), a plain tensor as is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict with whole tensors on every rank (gathered one at a time when sharded)."""
+    return {name: full_tensor(t) for name, t in model.state_dict().items()}

@@ -25,6 +25,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from rapid.buffer import Batch, Rollout, collate, group_has_gradient, groups_with_gradient
+from rapid.distributed import all_reduce_max, is_sharded
 from rapid.estimators import Peers
 from rapid.iw_grpg import sequence_logprobs
 
@@ -163,13 +164,16 @@ def accumulate_gradients(
     `trained_frac` 0 and `loss` 0. Under DDP the first group runs instead, so that every rank joins
     the gradient's all-reduce; its stats then describe no record (`records` 0, `trained_frac` 0), so that its
     weights stay out of the ESS and the `iw/*` statistics, which rapid.train weights by `records`.
+    Sharded (FSDP2), every forward and backward is a collective, so every rank runs as many micro-batches
+    as the rank with the most: the others repeat their first with the loss times 0.
 
     `spanning`: this rank's records are its slice of a minibatch whose groups span ranks (DDP only;
     at most one group's worth, one micro-batch): the loss gets the gathered whole groups (`gather_peers`),
     and whether a group is skipped is decided on its gathered rewards (it runs anyway: the rank has
     nothing else to join the all-reduce with)."""
     B = len(records)
-    ddp = isinstance(policy, DistributedDataParallel)
+    sharded = is_sharded(policy)
+    ddp = isinstance(policy, DistributedDataParallel) or sharded  # ranks reduce their gradients
     n_tokens = sum(len(r.completion_ids) for r in records)
     if ddp:
         n_tokens = global_token_share(n_tokens, policy)
@@ -186,9 +190,13 @@ def accumulate_gradients(
         return {"trained_frac": 0.0, "loss": 0.0}
     chunks = [run[i : i + micro_batch] for i in range(0, len(run), micro_batch)]
     totals: dict[str, float] = {"trained_frac": 0.0 if placeholder else len(run) / B}
-    for k, chunk in enumerate(chunks):
+    passes = int(all_reduce_max(len(chunks), device)) if sharded else len(chunks)
+    for k in range(passes):
+        chunk = chunks[k] if k < len(chunks) else chunks[0]  # k >= len(chunks): a pass that adds 0
         batch = collate(chunk, pad_id).to(device)
-        last = k == len(chunks) - 1
+        last = k == passes - 1
+        if sharded:  # gradients reduce-scatter after the last micro-batch only
+            policy.model.set_requires_gradient_sync(last)
         no_sync = (
             policy.no_sync() if isinstance(policy, DistributedDataParallel) and not last else contextlib.nullcontext()
         )
@@ -196,7 +204,9 @@ def accumulate_gradients(
             with autocast(device, compute_dtype):
                 token_logp = completion_logprobs(policy, batch)
             loss, stats = loss_fn(token_logp, batch, B, n_tokens)
-            loss.backward()
+            (loss if k < len(chunks) else loss * 0.0).backward()
+        if k >= len(chunks):
+            continue
         stats["loss"] = loss.item() * len(run) / len(chunk)  # the chunk's share of the loss, re-weighted below
         for key, value in stats.items():
             if key.endswith("_max"):
@@ -210,13 +220,13 @@ def accumulate_gradients(
 def _accumulate_spanning(policy, records, loss_fn, pad_id, device, compute_dtype, skip_groups, n_tokens) -> dict:
     """`accumulate_gradients` of a rank's slice of groups that span ranks: one forward, the gather, the
     loss over whole groups, one backward (the gradient all-reduce)."""
-    if not isinstance(policy, DistributedDataParallel):
-        raise ValueError("spanning=True is for a policy under DDP (a group split over ranks)")
+    if not (isinstance(policy, DistributedDataParallel) or is_sharded(policy)):
+        raise ValueError("spanning=True is for a policy under DDP or FSDP (a group split over ranks)")
     B = len(records)
     batch = collate(records, pad_id).to(device)
     with autocast(device, compute_dtype):
         token_logp = completion_logprobs(policy, batch)
-    peers = gather_peers(batch, token_logp, policy.process_group)
+    peers = gather_peers(batch, token_logp, getattr(policy, "process_group", None))  # FSDP: the default group
     loss, stats = loss_fn(token_logp, batch, B, n_tokens, peers)
     loss.backward()
     trained = B
@@ -251,14 +261,15 @@ def gather_peers(batch: Batch, token_logp: torch.Tensor, group) -> Peers:
     )
 
 
-def global_token_share(n_tokens: int, policy: DistributedDataParallel) -> float:
+def global_token_share(n_tokens: int, policy: torch.nn.Module) -> float:
     """The normaliser of a token-mean loss on this rank: (completion tokens over all ranks) / world.
     DDP averages the ranks' gradients, so Σ_rank (1/world) Σ_tokens ∇o / (N / world) = Σ_all ∇o / N,
     the single-process token mean; a rank's own count would over-weight ranks with short completions."""
     device = next(policy.parameters()).device
     total = torch.tensor([float(n_tokens)], dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(total, group=policy.process_group)
-    return total.item() / torch.distributed.get_world_size(policy.process_group)
+    group = getattr(policy, "process_group", None)  # DDP's, else (FSDP) the default group
+    torch.distributed.all_reduce(total, group=group)
+    return total.item() / torch.distributed.get_world_size(group)
 
 
 @torch.no_grad()

@@ -37,6 +37,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from rapid.config import ConfigError
+from rapid.distributed import full_tensor
 from rapid.models import unwrap
 from rapid.policy import autocast
 from rapid.seeding import derive_seed
@@ -370,8 +371,9 @@ class VLLMSampler:
         if asleep:
             free_device_cache()
             self.llm.wake_up(tags=["weights"])
-        weights = [
-            (engine_name(name), tensor.detach().to(self.dtype)) for name, tensor in unwrap(model).state_dict().items()
+        weights = [  # sharded (train.parallel=fsdp): each tensor gathered whole, a collective of all ranks
+            (engine_name(name), full_tensor(tensor).detach().to(self.dtype))
+            for name, tensor in unwrap(model).state_dict().items()
         ]
         reload_engine_weights(self.llm, weights)
         del weights

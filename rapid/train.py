@@ -310,23 +310,25 @@ def train(cfg: DictConfig) -> dict:
         seed=derive_seed(cfg.seed, ENGINE_STREAM, rank) % 2**31,
         max_len_needed=sequence_budget(train_prompts + eval_prompts, t.max_new_tokens),
     )
+    # the KL reference (GRPO's) is the initial policy: copied before a resume loads the checkpoint's weights
+    initial = copy.deepcopy(model) if estimators.get(a.loss).reference(a) else None
+    policy = CompletionLogprobs(model, temperature, share_prompt=not cfg.model.gradient_checkpointing)
+    if world > 1 and cfg.train.parallel == "fsdp":  # parameters, gradients and optimizer state sharded
+        distributed.shard_model(model)
+    elif world > 1:
+        policy = DistributedDataParallel(policy, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=True
-    )  # one kernel for all parameters (2.8x faster step on CPU)
+    )  # one kernel for all parameters (2.8x faster step on CPU); after sharding: the shards' parameters
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(o.schedule, o.warmup_steps, cfg.samples // a.n_step * a.num_iterations)
     )
-    policy = CompletionLogprobs(model, temperature, share_prompt=not cfg.model.gradient_checkpointing)
-    if world > 1:
-        policy = DistributedDataParallel(policy, device_ids=[device.index] if device.type == "cuda" else None)
     stream = PromptStream(len(train_records), derive_seed(cfg.seed, PROMPT_STREAM))
     auto_h = adaptive_h.Settings.from_config(a.auto_h, a.n_step) if a.H == "auto" else None
     h_state = adaptive_h.initial_state(auto_h) if auto_h else None
-    # the KL reference (GRPO's) is the initial policy: copied before a resume loads the checkpoint's weights
-    initial = copy.deepcopy(model) if estimators.get(a.loss).reference(a) else None
     start_round, elapsed0, samples_done = 0, 0.0, 0
     if resume_from is not None:
-        state = checkpoint.load(resume_from, model, optimizer, scheduler, stream)
+        state = checkpoint.load(resume_from, model, optimizer, scheduler, stream, rank, world)
         start_round, elapsed0 = state["round"], state["elapsed_s"]
         samples_done = state.get("samples", start_round * a.n_inference)
         if auto_h:
@@ -454,7 +456,8 @@ def train(cfg: DictConfig) -> dict:
                 if auto_h and adaptive_h.stop_early(ess, auto_h):  # too stale: not applied, the round ends
                     optimizer.zero_grad(set_to_none=True)
                     break
-                stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip).item()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
+                stats["grad_norm"] = distributed.full_tensor(grad_norm).item()  # sharded: the global norm
                 stats["lr"] = scheduler.get_last_lr()[0]
                 if guard.ok(stats["loss"], stats["grad_norm"], step=scheduler.last_epoch):  # else skipped
                     optimizer.step()
@@ -507,6 +510,8 @@ def train(cfg: DictConfig) -> dict:
         if (cfg.eval.every and (round_ + 1) % cfg.eval.every == 0) or crossed or last:
             final = run_eval(round_ + 1)
         if (cfg.ckpt.every and (round_ + 1) % cfg.ckpt.every == 0) or last:
+            gathered = checkpoint.gather(model, optimizer)  # sharded: whole tensors on rank 0 (every rank joins)
+            rngs = checkpoint.gather_rng_states()
             if distributed.is_main():
                 checkpoint.save(
                     run_dir,
@@ -520,6 +525,8 @@ def train(cfg: DictConfig) -> dict:
                     elapsed_s=time.perf_counter() - t_start,
                     keep=cfg.ckpt.keep,
                     extra={"samples": samples_done, "auto_h": h_state and h_state.state_dict()},
+                    gathered=gathered,
+                    rng_per_rank=rngs,
                 )
     bar.close()
     # ---------------------------------------------------------------- final evaluation and summary

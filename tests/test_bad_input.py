@@ -171,6 +171,7 @@ def mbpp_file(path: Path, n: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_bad_starts_are_one_sentence_before_any_engine_or_run_directory(tmp_path):
     """Each is refused with exit status 2 and one `rapid:` sentence, no traceback, and leaves no run
     directory (Hydra's .hydra/ and train.log included); an earlier run's directory is left as it was."""

@@ -224,6 +224,7 @@ def _dynamic_sampling_rank(rank: int, world: int, init_file: str, out: str) -> N
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_draws_alike_on_every_rank(tmp_path):
     """Under DDP every rank draws the same number of extra batches (its prompt stream stays aligned
     with the others'): rank 0, full after its first batch, samples as long as rank 1 needs to, and

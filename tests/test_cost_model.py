@@ -174,6 +174,7 @@ def test_machine_info_names_the_cpu():
         assert "avx2" in info["vector_extensions"]
 
 
+@pytest.mark.slow
 def test_measures_the_tiny_model_then_predicts_from_its_json(tmp_path):
     """The real tool on the tiny random model and the vLLM engine: 2 call sizes, 4-token completions."""
     out = tmp_path / "cm.json"

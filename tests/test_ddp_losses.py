@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -97,6 +98,7 @@ def rank_main(rank: int, world: int, init_file: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_token_mean_losses_on_two_ranks_equal_single_process(tmp_path):
     out = tmp_path / "grads.pt"
     os.environ.setdefault("OMP_NUM_THREADS", "1")

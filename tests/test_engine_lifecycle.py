@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from tests.test_train import REPO, command, env_for
 
 
+@pytest.mark.slow
 def test_two_runs_in_one_process_each_free_their_engine(tmp_path):
     """Before engines were shut down, the second job of this multirun peaked ~1 GiB (the first engine's
     KV cache, sampler.kv_cache_memory_bytes) above the first: 1729 -> 2768 MiB RSS."""
@@ -31,6 +34,7 @@ def test_two_runs_in_one_process_each_free_their_engine(tmp_path):
     assert second - first < 256, (first, second)  # the first engine's 1 GiB KV cache is gone
 
 
+@pytest.mark.slow
 def test_algorithm_sft_distils_and_trains_with_one_engine_at_a_time(tmp_path):
     """`algorithm=sft` with sampler=vllm: the teacher's engine (rapid.distill) is shut down before the
     student's (rapid.sft) starts, in the same process."""

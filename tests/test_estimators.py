@@ -260,6 +260,7 @@ def test_declared_skip_drops_only_zero_gradient_groups(name):
 # ----------------------------------------------------------------------------- a real run of each
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["cispo", "gspo", "dr_grpo", "topr", "rapid_mask"])
 def test_smoke_run_per_estimator(tmp_path, name):
     """Two rounds of H = 2 on the tiny random model through python -m rapid.train algorithm=<name>: the run

@@ -28,6 +28,7 @@ def test_mutants_change_one_site():
     ]
 
 
+@pytest.mark.slow
 def test_same_verdicts_as_evalplus():
     try:
         agreement.evalplus()

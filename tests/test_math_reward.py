@@ -156,6 +156,7 @@ def spawn_then_hang(completion: str, record: dict) -> float:
     return 1.0
 
 
+@pytest.mark.slow
 def test_a_hung_worker_is_killed_with_its_process_group(tmp_path):
     assert score(spawn_then_hang, ["x"], [{"pid_file": str(tmp_path / "pid")}], workers=1, timeout=5.0) == ([0.0], 1)
     assert wait_gone(int((tmp_path / "pid").read_text()))
@@ -223,6 +224,7 @@ def flaky_reward(completion: str, record: dict) -> float:
     return float(completion == record["answer"])
 
 
+@pytest.mark.slow
 def test_score_counts_crashes_and_timeouts_as_zero():
     completions = ["1", "hang", "2", "die", "raise", "x", "3", "die", "3"]
     records = [{"answer": a} for a in ["1", "1", "2", "1", "1", "1", "3", "1", "4"]]
@@ -235,6 +237,7 @@ def test_score_counts_crashes_and_timeouts_as_zero():
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.slow
 def test_score_inline_and_with_a_task_module():
     rewards, failed = score(flaky_reward, ["1", "raise"], [{"answer": "1"}] * 2, workers=0)
     assert (rewards, failed) == ([1.0, 0.0], 1)

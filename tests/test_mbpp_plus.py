@@ -243,6 +243,7 @@ def test_toy_task_honest_solution_scores(bwrap):
     assert toy_reward("def add(a, b):\n    return a - b") == 0.0
 
 
+@pytest.mark.slow
 def test_time_limit_is_per_test(bwrap):
     # 4 tests of 1.2 s each: 4.8 s in all, each under its 2 s limit (EvalPlus times each test, not the run)
     slow = "import time\ndef add(a, b):\n    time.sleep(1.2)\n    return a + b"

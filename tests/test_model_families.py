@@ -38,6 +38,7 @@ FAMILIES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_family_samples_and_syncs_in_place_on_the_engine(family):
     model, tok = load_model_and_tokenizer(architecture={**SHAPE, **FAMILIES[family]}, seed=0)
@@ -75,6 +76,7 @@ def test_family_samples_and_syncs_in_place_on_the_engine(family):
         sampler.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["meta-llama/Llama-3.2-1B-Instruct", "google/gemma-3-1b-it"])
 def test_a_gated_model_that_cannot_be_loaded_says_how_to_get_access(path, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -53,6 +53,7 @@ def test_checkpoint_refuses_nan_weights_and_keeps_the_last_good_one(tmp_path):
     assert (good / "state.pt").read_bytes() == b"the last good checkpoint"
 
 
+@pytest.mark.slow
 def test_a_diverging_learning_rate_stops_the_run_with_finite_checkpoints(tmp_path):
     """optim.lr=1e9 with a reward the random model earns: the first step sends the weights to ~1e9, every
     later loss is NaN; before, every parameter became NaN, the checkpoint too, and the run exited 0."""
@@ -82,6 +83,7 @@ def reward(completion, record):
 """
 
 
+@pytest.mark.slow
 def test_a_nan_reward_is_a_failed_check_and_the_run_finishes(tmp_path):
     (tmp_path / "nan_task.py").write_text(NAN_TASK)
     run = tmp_path / "run"

@@ -118,6 +118,7 @@ def test_table2_composes_the_model_families(tmp_path):
     assert {c.model.path for _, c in configs} >= {"meta-llama/Llama-3.2-1B-Instruct", "google/gemma-3-1b-it"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["reproduce-table3", "reproduce-table4"])
 def test_h_sweep_composes(target, tmp_path):
     configs = compose_all(target, tmp_path)
@@ -126,6 +127,7 @@ def test_h_sweep_composes(target, tmp_path):
     assert all(c.algorithm.n_inference == c.algorithm.H * c.algorithm.n_step for _, c in configs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", CPU)
 def test_cpu_targets_compose_on_the_offline_model(target, tmp_path):
     configs = compose_all(target, tmp_path)
@@ -225,6 +227,7 @@ def test_gpu_pool_runs_each_run_on_its_own_device_and_skips_finished_ones(tmp_pa
     assert again.returncode == 0 and again.stdout.startswith("0 runs on GPUs 0,1"), again.stdout
 
 
+@pytest.mark.slow
 def test_paper_configs_validate_at_world_size_above_one(tmp_path):
     """Every run of every paper-scale target, composed and validated at 2 and at 4 ranks (torchrun),
     including MBPP+ and MiniF2F at n_step 4, n_group 4, whose groups span ranks (rapid/policy.py)."""

@@ -58,6 +58,7 @@ def bad_task(tmp_path, monkeypatch):
     return misbehaving_task
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_eval_reward_that_hangs_is_timed_out(bad_task, workers):
     model, tokenizer = tiny_model()
@@ -73,6 +74,7 @@ def test_an_eval_reward_that_hangs_is_timed_out(bad_task, workers):
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 1])
 def test_a_segfaulting_reward_is_a_failed_check_not_a_crash(bad_task, workers):
     """In a subprocess, so that the old in-process grading's crash shows as a failure, not a dead pytest."""
@@ -109,6 +111,7 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_killed_trainer_leaves_no_grading_process(bad_task, workers, tmp_path):
     """The trainer is killed while its grading processes are hung in a reward (each marks itself)."""

@@ -101,6 +101,7 @@ FORGED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(FORGED))
 def test_forged_result_lines_are_refused_fast_in_bounded_memory(name):
     result = graded_apart(forge(FORGED[name]))
@@ -161,6 +162,7 @@ def test_decode_is_bounded_and_raises_only_value_error():
         "    return a + b",
     ],
 )
+@pytest.mark.slow
 def test_an_answer_after_its_limit_does_not_score(body):
     """min_time_limit_s is 2 s here: the first call takes about 3 s, inside the parent's 2 s + grace
     and the run's budget, so only the limit itself can fail it."""

@@ -246,6 +246,7 @@ def test_distill_then_sft_end_to_end(tmp_path):
     assert state["config"]["sft"]["epochs"] == 3 and state["config"]["distill"]["data"] == str(teacher_dir)
 
 
+@pytest.mark.slow
 def test_sft_without_data_says_how_to_make_it(tmp_path):
     proc = launch("rapid.sft", [*SMOKE, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, check=False)
     assert_one_sentence_error(proc.returncode, proc.stdout, ("distill.data", "rapid.distill"))
@@ -288,6 +289,7 @@ def test_algorithm_sft_runs_the_pair_through_train(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_algorithm_sft_rejects_an_unknown_key(tmp_path):
     proc = launch(
         "rapid.train",

@@ -130,6 +130,7 @@ def rank_main(rank: int, world: int, init_file: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_groups_spanning_ranks_equal_single_process(tmp_path, world):
     out = tmp_path / "params.pt"
@@ -191,6 +192,7 @@ def placeholder_main(rank: int, world: int, init_file: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_ddp_placeholder_group_reports_no_records(tmp_path):
     """Under DDP a rank whose groups are all skipped runs its first group (to join the all-reduce), but
     its stats describe no record: `records` 0 and `trained_frac` 0, so that rapid.train keeps its

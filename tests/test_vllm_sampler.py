@@ -101,6 +101,7 @@ def test_sync_weights_in_place_three_times(engine):
     assert rss[-1] - rss[0] < 64 * 2**20  # syncing does not leak memory
 
 
+@pytest.mark.slow
 def test_smoke_run_with_vllm_keeps_logprob_mismatch_small(tmp_path):
     from tests.test_train import REPO, command, env_for
 

@@ -1,0 +1,212 @@
+"""FSDP2 (`train.parallel=fsdp`): parameters, gradients and optimizer state sharded over 2 gloo ranks give
+the DDP update, and a checkpoint gathered from the shards resumes under either strategy.
+
+Two SGD steps of IW-GRPG (the second off-policy, w != 1) on a minibatch of 4 groups of 4, micro-batches
+of one group: rank 0 trains two groups, rank 1 one (its other group has all-zero rewards and is skipped),
+so the ranks run different numbers of micro-batches, which FSDP's per-forward collectives must survive
+(rapid.policy.accumulate_gradients pads the short rank with passes that add 0).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+
+from rapid import checkpoint, distributed
+from rapid.buffer import Rollout, collate
+from rapid.data import PromptStream
+from rapid.policy import CompletionLogprobs, accumulate_gradients, completion_logprobs
+from tests.helpers import encode, tiny_model
+from tests.test_span_ranks import loss_fn_for
+
+CPU = torch.device("cpu")
+PAD = 0
+LENGTHS = ([3, 7, 2, 5], [6, 1, 4, 8], [2, 3, 2, 3], [5, 2, 6, 3])
+REWARDS = ([1.0, 0.0, 0.0, 1.0], [0.5, 1.0, 0.0, 0.0], [0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0])
+LR = 0.05
+
+
+def minibatch(model, tokenizer) -> list[Rollout]:
+    """Four groups of 4 (the last all-zero), log μ the model's own; ranks take two groups each."""
+    g = torch.Generator().manual_seed(0)
+    prompts = encode(tokenizer, ["What is 2 + 3?", "Hi there", "Name a prime", "Count to 3"])
+    records = []
+    for k, (lengths, rewards) in enumerate(zip(LENGTHS, REWARDS)):
+        group = [
+            Rollout(
+                prompt_ids=prompts[k],
+                completion_ids=torch.randint(3, len(tokenizer), (n,), generator=g).tolist(),
+                logp_mu=[0.0] * n,
+                reward=r,
+                group_id=k,
+                truncated=False,
+            )
+            for n, r in zip(lengths, rewards)
+        ]
+        with torch.no_grad():
+            own = completion_logprobs(CompletionLogprobs(model, 1.0), collate(group, PAD))
+        for i, r in enumerate(group):
+            r.logp_mu = own[i, : len(r.completion_ids)].tolist()
+        records += group
+    return records
+
+
+def two_steps(policy, model, mine: list[Rollout]) -> tuple[dict, list[float]]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    norms = []
+    for _ in range(2):
+        accumulate_gradients(
+            policy,
+            mine,
+            loss_fn_for("iw_grpg"),
+            micro_batch=4,
+            pad_id=PAD,
+            device=CPU,
+            compute_dtype=torch.float32,
+            skip_groups="zero_rewards",
+        )
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+        norms.append(distributed.full_tensor(norm).item())
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return {k: v.clone() for k, v in distributed.full_state_dict(model).items()}, norms
+
+
+def update_main(rank: int, world: int, init_file: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    distributed._owned = True
+    try:
+        results = {}
+        for parallel in ("ddp", "fsdp"):
+            model, tok = tiny_model()
+            records = minibatch(model, tok)
+            mine = records[:8] if rank == 0 else records[8:]  # rank 1: groups 2 and 3 (3 is all-zero)
+            policy = CompletionLogprobs(model, 1.0)
+            if parallel == "fsdp":
+                distributed.shard_model(model)
+                assert distributed.is_sharded(policy)
+            else:
+                policy = DistributedDataParallel(policy)
+            results[parallel] = two_steps(policy, model, mine)
+        if rank == 0:
+            torch.save(results, out)
+    finally:
+        distributed._owned = False
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_fsdp_update_equals_ddp(tmp_path):
+    out = tmp_path / "params.pt"
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(update_main, args=(2, str(tmp_path / "store"), str(out)), nprocs=2, join=True)
+    results = torch.load(out)
+    (ddp, ddp_norms), (fsdp, fsdp_norms) = results["ddp"], results["fsdp"]
+    assert fsdp_norms == pytest.approx(ddp_norms, rel=1e-5)
+    assert ddp_norms[0] > 1e-3 and ddp_norms[1] > 1e-3  # gradients that move the weights
+    assert sorted(fsdp) == sorted(ddp)
+    worst = max((fsdp[k] - ddp[k]).abs().max().item() for k in ddp)
+    assert worst < 1e-6, worst
+    initial, _ = tiny_model()
+    moved = max((ddp[k] - v).abs().max().item() for k, v in initial.state_dict().items())
+    assert moved > 1e-3  # the comparison is not between two untouched models
+
+
+def checkpoint_main(rank: int, world: int, init_file: str, run_dir: str) -> None:
+    """Rank 0 writes a checkpoint gathered from an FSDP model after an AdamW step; every rank then
+    resumes it into a fresh sharded model, and rank 0 also into a plain one."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    distributed._owned = True
+    try:
+        model, tok = tiny_model()
+        records = minibatch(model, tok)
+        policy = CompletionLogprobs(model, 1.0)
+        distributed.shard_model(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        accumulate_gradients(
+            policy,
+            records[:8] if rank == 0 else records[8:],
+            loss_fn_for("iw_grpg"),
+            micro_batch=4,
+            pad_id=PAD,
+            device=CPU,
+            compute_dtype=torch.float32,
+            skip_groups="zero_rewards",
+        )
+        optimizer.step()
+        scheduler.step()
+        want = {k: v.clone() for k, v in distributed.full_state_dict(model).items()}
+        gathered = checkpoint.gather(model, optimizer)
+        stream = PromptStream(10, 0)
+        from omegaconf import OmegaConf
+
+        if rank == 0:
+            checkpoint.save(
+                run_dir, 1, model, tok, optimizer, scheduler, stream, OmegaConf.create({}), 1.0, 1, gathered=gathered
+            )
+        dist.barrier()
+        path = checkpoint.latest(run_dir)
+        fresh, _ = tiny_model(seed=1)
+        distributed.shard_model(fresh)
+        fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+        checkpoint.load(
+            path, fresh, fresh_opt, torch.optim.lr_scheduler.LambdaLR(fresh_opt, lambda s: 1.0), PromptStream(10, 0)
+        )
+        got = distributed.full_state_dict(fresh)
+        moments = checkpoint.gather(fresh, fresh_opt)["optimizer"]
+        if rank == 0:
+            plain, _ = tiny_model(seed=2)
+            plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-2)
+            checkpoint.load(
+                path, plain, plain_opt, torch.optim.lr_scheduler.LambdaLR(plain_opt, lambda s: 1.0), PromptStream(10, 0)
+            )
+            names = [n for n, _ in plain.named_parameters()]
+            torch.save(
+                {
+                    "want": want,
+                    "sharded": got,
+                    "plain": {k: v.clone() for k, v in plain.state_dict().items()},
+                    "saved_moments": gathered["optimizer"]["state"],
+                    "sharded_moments": moments["state"],
+                    "plain_moments": {names[i]: s for i, s in plain_opt.state_dict()["state"].items()},
+                },
+                f"{run_dir}/result.pt",
+            )
+    finally:
+        distributed._owned = False
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_fsdp_checkpoint_resumes_sharded_and_plain(tmp_path):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(checkpoint_main, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
+    r = torch.load(tmp_path / "result.pt", weights_only=False)
+    for name, want in r["want"].items():
+        assert torch.equal(r["sharded"][name], want), name
+        assert torch.equal(r["plain"][name], want), name
+    assert r["saved_moments"] and sorted(r["saved_moments"]) == sorted(r["sharded_moments"])
+    for name, saved in r["saved_moments"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert saved[key].abs().max() > 0, (name, key)
+            assert torch.equal(r["sharded_moments"][name][key], saved[key]), (name, key)
+            assert torch.equal(r["plain_moments"][name][key], saved[key]), (name, key)
+
+
+def test_optimizer_state_layouts_convert_both_ways():
+    by_index = {"state": {0: {"step": 1}, 1: {"step": 2}}, "param_groups": [{"lr": 0.1, "params": [0, 1]}]}
+    by_name = checkpoint.optimizer_state_layout(by_index, ["a.weight", "b.bias"], by_name=True)
+    assert by_name == {
+        "state": {"a.weight": {"step": 1}, "b.bias": {"step": 2}},
+        "param_groups": [{"lr": 0.1, "params": ["a.weight", "b.bias"]}],
+    }
+    assert checkpoint.optimizer_state_layout(by_name, ["a.weight", "b.bias"], by_name=False) == by_index
+    assert checkpoint.optimizer_state_layout(by_index, ["a.weight", "b.bias"], by_name=False) is by_index
