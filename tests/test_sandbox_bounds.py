@@ -430,3 +430,23 @@ def measure() -> None:
 
 if __name__ == "__main__":
     measure()
+
+
+def test_cgroups_of_killed_graders_are_removed():
+    """A grader killed mid-run leaves its empty pids cgroup behind; the next grader's probe removes the
+    cgroups of processes that no longer exist and keeps those of live ones."""
+    parent = sandbox._pids_hierarchy() if os.geteuid() == 0 else None
+    if parent is None:
+        pytest.skip("no writable pids cgroup hierarchy here (the grader is not root, or the machine has none)")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = Path(parent) / f"rapid-sandbox-{int(dead.stdout)}-0"
+    live = Path(parent) / f"rapid-sandbox-{os.getpid()}-999999"
+    stale.mkdir()
+    live.mkdir()
+    try:
+        assert sandbox._pids_hierarchy() == parent
+        assert not stale.exists() and live.exists()
+    finally:
+        for d in (stale, live):
+            if d.exists():
+                d.rmdir()

@@ -496,8 +496,29 @@ def _pids_hierarchy() -> str | None:
         probe = _pids_cgroup(candidate, 1)
         if probe is not None:
             _remove_cgroup(probe)
+            _remove_stale_cgroups(candidate)
             return candidate
     return None
+
+
+def _remove_stale_cgroups(parent: str) -> None:
+    """The empty cgroups left by graders that were killed before they could remove theirs."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if name.startswith("rapid-sandbox-") and len(parts) == 4 and parts[2].isdigit():
+            try:
+                os.kill(int(parts[2]), 0)
+            except ProcessLookupError:
+                try:
+                    os.rmdir(os.path.join(parent, name))
+                except OSError:
+                    pass
+            except OSError:
+                pass
 
 
 _cgroups = iter(range(1 << 62))
