@@ -38,6 +38,12 @@ def test_arithmetic_of_a_known_case():
     # asleep during training, the engine's share is not in the training phase
     asleep = estimate(Run(**{**run.__dict__, "sleep_during_train": True}), GiB)
     assert asleep["training_peak"] == 31872 + context + 9728 + 4000 + 2**29
+    # train.parallel=fsdp over 4 ranks: states 16 P / 4 = 7968; training adds the whole fp32 weights and
+    # gradients, 8 P = 15936; generation holds only the shards
+    fsdp = estimate(Run(**{**run.__dict__, "shards": 4}), GiB)
+    assert fsdp["states"] == 7968 and fsdp["gathered"] == 15936
+    assert fsdp["generation_peak"] == 7968 + context + GiB / 4
+    assert fsdp["training_peak"] == 7968 + 15936 + context + 9728 + 4000 + 2**29 + GiB / 4
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)

@@ -3,7 +3,11 @@
 One colocated rank holds, in bytes (P parameters, L layers, hidden h, MLP width I, q / kv heads of
 size d, vocabulary V; a micro-batch of m records with prompts of p tokens and completions of c):
 
-  states       16 P           fp32 master weights (4), fp32 gradients (4), AdamW's two moments (8)
+  states       16 P           fp32 master weights (4), fp32 gradients (4), AdamW's two moments (8);
+                              sharded over N ranks (train.parallel=fsdp, --shards N): 16 P / N
+  gathered      8 P           fsdp only, training phase: the whole fp32 weights (gathered at the first
+                              forward and kept for the backward, reshard_after_forward=False) and the
+                              whole fp32 gradients accumulated before their reduce-scatter
   reference     4 P           GRPO's frozen fp32 copy of the initial policy (kl_coef > 0 only)
   activations  m (p + c) L a  saved for the backward under bf16 autocast, a = 2 (4h + 2 nq d + 2 nkv d + 4I)
                               + 4 (2h) bytes a token and layer (the matmul inputs and outputs in bf16, the fp32
@@ -18,12 +22,14 @@ size d, vocabulary V; a micro-batch of m records with prompts of p tokens and co
   context      0.5 GiB        the CUDA context and allocator slack, a rule of thumb
 
 The peak is the larger of the generation phase (states + reference + engine + context) and the
-training phase (states + reference + activations + logits + context, + engine when it stays awake).
+training phase (states + gathered + reference + activations + logits + context, + engine when it stays
+awake).
 These are estimates from the architecture, to be checked by the first GPU run (torch.cuda.max_memory_
 allocated per phase, which rapid logs as mem/*); they ignore fragmentation.
 
     python tools/memory_estimate.py                          # the paper configs on 24, 48 and 80 GB
     python tools/memory_estimate.py --gpu-gib 48 --out experiments/results/memory_estimate
+    python tools/memory_estimate.py --shards 4                # the same under train.parallel=fsdp on 4 GPUs
 """
 
 from __future__ import annotations
@@ -93,6 +99,7 @@ class Run:
     sleep_during_train: bool
     gpu_memory_utilization: float
     reference: bool = False
+    shards: int = 1  # ranks the states are sharded over (train.parallel=fsdp); 1: a full replica (ddp)
 
 
 def estimate(run: Run, gpu_bytes: int) -> dict[str, float]:
@@ -105,7 +112,8 @@ def estimate(run: Run, gpu_bytes: int) -> dict[str, float]:
     else:
         activations = tokens * a.layers * per_token_layer
     parts = {
-        "states": 16 * P,
+        "states": 16 * P / run.shards,
+        "gathered": 8 * P if run.shards > 1 else 0,
         "reference": 4 * P if run.reference else 0,
         "activations": activations,
         "logits": run.micro_batch * run.completion_len * a.vocab * 4 + LOGPROB_CHUNKS_BYTES,
@@ -114,7 +122,8 @@ def estimate(run: Run, gpu_bytes: int) -> dict[str, float]:
     }
     fixed = parts["states"] + parts["reference"] + parts["context"]
     generation = fixed + parts["engine"]
-    training = fixed + parts["activations"] + parts["logits"] + (0 if run.sleep_during_train else parts["engine"])
+    training = fixed + parts["gathered"] + parts["activations"] + parts["logits"]
+    training += 0 if run.sleep_during_train else parts["engine"]
     kv_tokens = (parts["engine"] - 2 * P) / a.kv_bytes_per_token()
     return {
         **parts,
@@ -126,7 +135,7 @@ def estimate(run: Run, gpu_bytes: int) -> dict[str, float]:
     }
 
 
-def paper_runs(prompt_len: int) -> list[Run]:
+def paper_runs(prompt_len: int, shards: int = 1) -> list[Run]:
     """The paper configs (conf/experiment/*_h8.yaml; Table 2's families on MBPP+), composed by Hydra."""
     from hydra import compose, initialize_config_dir
 
@@ -157,6 +166,7 @@ def paper_runs(prompt_len: int) -> list[Run]:
                     sleep_during_train=cfg.sampler.sleep_during_train,
                     gpu_memory_utilization=cfg.sampler.gpu_memory_utilization,
                     reference=cfg.algorithm.loss == "grpo" and cfg.algorithm.kl_coef > 0,
+                    shards=shards,
                 )
             )
     return runs
@@ -165,7 +175,7 @@ def paper_runs(prompt_len: int) -> list[Run]:
 def table(runs: list[Run], gpus_gib: list[int]) -> str:
     gib = lambda x: f"{x / GiB:.1f}"  # noqa: E731
     head = (
-        "| run | model | params | micro-batch x tokens | ckpt | sleep | states | ref | activations | logits | "
+        "| run | model | params | micro-batch x tokens | ckpt | sleep | states | gathered | ref | activations | logits | "
         + " | ".join(f"engine / peak / fits {g} GB" for g in gpus_gib)
         + " |"
     )
@@ -180,7 +190,7 @@ def table(runs: list[Run], gpus_gib: list[int]) -> str:
         lines.append(
             f"| {run.name} | {name} | {e['parameters'] / 1e9:.2f}B | {run.micro_batch} x "
             f"{run.prompt_len}+{run.completion_len} | {'yes' if run.gradient_checkpointing else 'no'} | "
-            f"{'yes' if run.sleep_during_train else 'no'} | {gib(e['states'])} | {gib(e['reference'])} | "
+            f"{'yes' if run.sleep_during_train else 'no'} | {gib(e['states'])} | {gib(e['gathered'])} | {gib(e['reference'])} | "
             f"{gib(e['activations'])} | {gib(e['logits'])} | " + " | ".join(cells) + " |"
         )
     return "\n".join(lines)
@@ -190,17 +200,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gpu-gib", type=int, nargs="+", default=[24, 48, 80], help="GPU sizes (GiB)")
     parser.add_argument("--prompt-len", type=int, default=512, help="tokens of the longest prompt (assumed)")
+    parser.add_argument("--shards", type=int, default=1, help="train.parallel=fsdp over this many GPUs (1: ddp)")
     parser.add_argument("--out", type=Path, help="write table.md into this folder")
     args = parser.parse_args(argv)
     text = (
         f"GiB per rank, estimated by tools/memory_estimate.py (prompts of {args.prompt_len} tokens assumed; "
         "'engine' is vLLM's gpu_memory_utilization share of each GPU, 'peak' the larger of the generation "
-        "and training phases).\n\n" + table(paper_runs(args.prompt_len), args.gpu_gib) + "\n"
+        "and training phases"
+        + (f"; states sharded over {args.shards} GPUs by train.parallel=fsdp" if args.shards > 1 else "")
+        + ").\n\n"
+        + table(paper_runs(args.prompt_len, args.shards), args.gpu_gib)
+        + "\n"
     )
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "table.md").write_text(
+        (args.out / ("table.md" if args.shards == 1 else f"table_fsdp{args.shards}.md")).write_text(
             f"<!-- python tools/memory_estimate.py {' '.join(sys.argv[1:] if argv is None else argv)} -->\n" + text
         )
 
