@@ -7,6 +7,7 @@
 #   bash experiments/estimators_cpu.sh                 # ~5-8 minutes per run on one core of an AVX-512 EPYC
 #   CORE=1 bash experiments/estimators_cpu.sh & CORE=0 ORDER=reverse bash experiments/estimators_cpu.sh
 #   SEEDS="3 4" bash experiments/estimators_cpu.sh     # more seeds later; finished runs are kept
+#   DIAGNOSTICS=1 CORE=0 bash experiments/estimators_cpu.sh   # CISPO at H = 1 and with its weight capped at 1
 #   EXTRA="+experiment=smoke samples=128 sampler=hf" OUT=/tmp/est/runs bash experiments/estimators_cpu.sh  # a dry run
 # Resumable: a run's directory is its lock and its record; a run that finished (summary.json) is skipped,
 # one that was interrupted (a directory without summary.json and no live worker) is started again with
@@ -30,6 +31,12 @@ CONFIGS=(
   "algorithm=grpo_multistep"                     # GRPO at H = 8, KL 0.04 (as in the ablations)
   "algorithm=dapo algorithm.H=8"                 # DAPO at H = 8 (dynamic sampling, overlong penalty)
 )
+# DIAGNOSTICS=1: instead, the runs behind the README's reading of CISPO at H = 8 (seed 0): CISPO on-policy
+# (H = 1), and at H = 8 with its weight capped at 1 (no token is up-weighted)
+if [ "${DIAGNOSTICS:-0}" = 1 ]; then
+  CONFIGS=("algorithm=cispo algorithm.H=1" "algorithm=cispo algorithm.eps_high=0.000001")
+  SEEDS=0
+fi
 Q=()
 for s in $SEEDS; do
   for c in "${CONFIGS[@]}"; do Q+=("$s|${c// /,}|$c"); done

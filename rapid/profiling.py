@@ -8,7 +8,8 @@
 Peak memory is measured per phase, not per process: on CPU the kernel's resident-set high-water
 mark (VmHWM) of this process is reset when a phase starts (`/proc/self/clear_refs`, Linux) and read
 when it ends; on CUDA, `torch.cuda.max_memory_allocated` / `max_memory_reserved` after
-`reset_peak_memory_stats`. Child processes (reward workers) are not counted. Where the high-water
+`reset_peak_memory_stats`, and the device memory in use at the phase's end (`mem_get_info`: vLLM's
+pools, which torch's counters do not see, included). Child processes (reward workers) are not counted. Where the high-water
 mark cannot be reset, the RSS reading is the process's peak so far (`mem/peak_is_process`).
 A phase entered several times in a round (dynamic sampling) adds its times and keeps its largest peak.
 CUDA work is synchronised at phase boundaries so that asynchronous kernels count where they ran.
@@ -69,9 +70,12 @@ class PhaseClock:
             self.seconds[name] += time.perf_counter() - t0
             peaks = {"rss_mib": rss_peak_mib()}
             if self.cuda:
+                free, total = torch.cuda.mem_get_info()
                 peaks |= {
                     "cuda_alloc_mib": torch.cuda.max_memory_allocated() / MIB,
                     "cuda_reserved_mib": torch.cuda.max_memory_reserved() / MIB,
+                    # the device as the driver sees it at the phase's end: the engine's own pools too
+                    "cuda_device_used_mib": (total - free) / MIB,
                 }
             for key, value in peaks.items():
                 if value is not None:

@@ -59,7 +59,8 @@ def cpu_description() -> str:
     model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
     flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
     vector = [f for f in flags if f.startswith(("avx", "amx", "fma", "sse4"))]
-    return f"{model}, {info.count('processor')} logical cores; {' '.join(vector)}"
+    gpu = f"; GPU {torch.cuda.get_device_name(0)}, torch {torch.__version__}" if torch.cuda.is_available() else ""
+    return f"{model}, {info.count('processor')} logical cores; {' '.join(vector)}{gpu}"
 
 
 def composed(overrides: list[str]):
@@ -108,9 +109,13 @@ def measure(args, save) -> None:
             *args.overrides,
         ]
     )
-    device, dtype, T = torch.device("cpu"), DTYPES[cfg.model.dtype], cfg.sampler.temperature
+    device = torch.device(
+        "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    )
+    dtype, T = DTYPES[cfg.model.dtype], cfg.sampler.temperature
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_model_and_tokenizer(cfg.model.path, cfg.model.gguf, cfg.model.architecture, seed=cfg.seed)
+    model.to(device)
     _, _, train_prompts, _, _ = load_splits(cfg.task, tokenizer, cfg.eval.n)
     prompts = train_prompts[: args.prompts]
     sampler = make_sampler(cfg.sampler, model, tokenizer, dtype, seed=cfg.seed)
@@ -257,6 +262,9 @@ def main() -> None:
     p.add_argument("--eta", type=float, default=2.0)
     p.add_argument("--cap", type=float, default=2.0, help="truncation level C of the engine correction")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--device", default="auto", choices=["auto", "cpu", "cuda"], help="the trainer's (auto: a GPU if visible)"
+    )
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--report", action="store_true", help="only rebuild the table and figure from <out>/*.json")
     p.add_argument("overrides", nargs="*", help="Hydra overrides of rapid's config (model=..., task=...)")
