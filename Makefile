@@ -41,7 +41,7 @@ $(VENV)/.installed: setup.cfg Makefile
 run: install  ## the default run: RAPID on procedurally generated addition, SmolLM2-135M, CPU, offline (~5.5 min on 2 cores)
 	$(PY) -m rapid.train
 
-test: install  ## the tests CI runs (~5 min on 2 cores): all but those marked slow, with one short end-to-end run
+test: install  ## the tests CI runs (~3 min on 2 cores): all but those marked slow, with one short end-to-end run
 	$(PY) -m pytest -q -m "not slow"
 
 test-all: install  ## every test, the slow ones too (~25 min on 2 cores): end-to-end, multi-rank, resume, sandbox sweeps
