@@ -166,6 +166,16 @@ def is_sharded(module: torch.nn.Module) -> bool:
     return any(isinstance(m, FSDPModule) for m in (module, getattr(module, "model", None)))
 
 
+def reshard(module: torch.nn.Module) -> None:
+    """Free the whole parameters a no-grad forward gathered (with reshard_after_forward=False only a
+    backward frees them), so that the engine's next generation phase has the memory back."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """A sharded tensor gathered whole (a collective: every rank calls it), a plain tensor as is."""
     from torch.distributed.tensor import DTensor

@@ -25,7 +25,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from rapid.buffer import Batch, Rollout, collate, group_has_gradient, groups_with_gradient
-from rapid.distributed import all_reduce_max, is_sharded
+from rapid.distributed import all_reduce_max, is_sharded, reshard
 from rapid.estimators import Peers
 from rapid.iw_grpg import sequence_logprobs
 
@@ -302,6 +302,8 @@ def recompute_behavior_logprobs(
             for r, row in zip(chunk, token_logp.cpu()):
                 r.logp_engine = r.logp_mu
                 r.logp_mu = row[: len(r.completion_ids)].tolist()
+    if is_sharded(module):
+        reshard(module)
     return gap / max(n_tokens, 1)
 
 
@@ -311,11 +313,13 @@ def token_logprobs(
 ) -> list[list[float]]:
     """Per-token log π_θ of each record's completion under the current parameters (the log importance
     weight along a generation is this minus the record's log μ). Runs the unwrapped module, so that it
-    may be called on one rank alone under DDP."""
+    may be called on one rank alone under DDP (sharded, every rank calls it: its forward is a collective)."""
     if not records:
         return []
     module = policy.module if isinstance(policy, DistributedDataParallel) else policy
     batch = collate(records, pad_id).to(device)
     with autocast(device, compute_dtype):
         logp = completion_logprobs(module, batch).float().cpu()
+    if is_sharded(module):
+        reshard(module)
     return [row[: len(r.completion_ids)].tolist() for r, row in zip(records, logp)]

@@ -15,12 +15,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from rapid import checkpoint, distributed
 from rapid.buffer import Rollout, collate
 from rapid.data import PromptStream
-from rapid.policy import CompletionLogprobs, accumulate_gradients, completion_logprobs
+from rapid.policy import CompletionLogprobs, accumulate_gradients, completion_logprobs, recompute_behavior_logprobs
 from tests.helpers import encode, tiny_model
 from tests.test_span_ranks import loss_fn_for
 
@@ -143,6 +144,11 @@ def checkpoint_main(rank: int, world: int, init_file: str, run_dir: str) -> None
         )
         optimizer.step()
         scheduler.step()
+        # a no-grad forward (log μ recompute) leaves no whole parameters behind for the generation phase
+        recompute_behavior_logprobs(
+            policy, [records[:4]], micro_batch=4, pad_id=PAD, device=CPU, compute_dtype=torch.float32
+        )
+        assert all(isinstance(p, DTensor) for p in model.parameters())
         want = {k: v.clone() for k, v in distributed.full_state_dict(model).items()}
         gathered = checkpoint.gather(model, optimizer)
         stream = PromptStream(10, 0)
