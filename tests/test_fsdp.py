@@ -19,10 +19,10 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from rapid import checkpoint, distributed
-from rapid.buffer import Rollout, collate
+from rapid.buffer import Rollout
 from rapid.data import PromptStream
-from rapid.policy import CompletionLogprobs, accumulate_gradients, completion_logprobs, recompute_behavior_logprobs
-from tests.helpers import encode, tiny_model
+from rapid.policy import CompletionLogprobs, accumulate_gradients, recompute_behavior_logprobs
+from tests.helpers import own_groups, tiny_model
 from tests.test_span_ranks import loss_fn_for
 
 CPU = torch.device("cpu")
@@ -34,43 +34,29 @@ LR = 0.05
 
 def minibatch(model, tokenizer) -> list[Rollout]:
     """Four groups of 4 (the last all-zero), log μ the model's own; ranks take two groups each."""
-    g = torch.Generator().manual_seed(0)
-    prompts = encode(tokenizer, ["What is 2 + 3?", "Hi there", "Name a prime", "Count to 3"])
-    records = []
-    for k, (lengths, rewards) in enumerate(zip(LENGTHS, REWARDS)):
-        group = [
-            Rollout(
-                prompt_ids=prompts[k],
-                completion_ids=torch.randint(3, len(tokenizer), (n,), generator=g).tolist(),
-                logp_mu=[0.0] * n,
-                reward=r,
-                group_id=k,
-                truncated=False,
-            )
-            for n, r in zip(lengths, rewards)
-        ]
-        with torch.no_grad():
-            own = completion_logprobs(CompletionLogprobs(model, 1.0), collate(group, PAD))
-        for i, r in enumerate(group):
-            r.logp_mu = own[i, : len(r.completion_ids)].tolist()
-        records += group
-    return records
+    questions = ["What is 2 + 3?", "Hi there", "Name a prime", "Count to 3"]
+    return [r for group in own_groups(model, tokenizer, questions, LENGTHS, REWARDS, PAD) for r in group]
+
+
+def accumulate(policy, mine: list[Rollout]) -> dict:
+    """One minibatch's gradient of IW-GRPG, micro-batches of one group, all-zero groups skipped."""
+    return accumulate_gradients(
+        policy,
+        mine,
+        loss_fn_for("iw_grpg"),
+        micro_batch=4,
+        pad_id=PAD,
+        device=CPU,
+        compute_dtype=torch.float32,
+        skip_groups="zero_rewards",
+    )
 
 
 def two_steps(policy, model, mine: list[Rollout]) -> tuple[dict, list[float]]:
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     norms = []
     for _ in range(2):
-        accumulate_gradients(
-            policy,
-            mine,
-            loss_fn_for("iw_grpg"),
-            micro_batch=4,
-            pad_id=PAD,
-            device=CPU,
-            compute_dtype=torch.float32,
-            skip_groups="zero_rewards",
-        )
+        accumulate(policy, mine)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
         norms.append(distributed.full_tensor(norm).item())
         optimizer.step()
@@ -132,16 +118,7 @@ def checkpoint_main(rank: int, world: int, init_file: str, run_dir: str) -> None
         distributed.shard_model(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-        accumulate_gradients(
-            policy,
-            records[:8] if rank == 0 else records[8:],
-            loss_fn_for("iw_grpg"),
-            micro_batch=4,
-            pad_id=PAD,
-            device=CPU,
-            compute_dtype=torch.float32,
-            skip_groups="zero_rewards",
-        )
+        accumulate(policy, records[:8] if rank == 0 else records[8:])
         optimizer.step()
         scheduler.step()
         # a no-grad forward (log μ recompute) leaves no whole parameters behind for the generation phase

@@ -22,7 +22,7 @@ from rapid import estimators
 from rapid.buffer import Rollout, collate, rank_share
 from rapid.iw_grpg import normalized_ess
 from rapid.policy import CompletionLogprobs, accumulate_gradients, completion_logprobs
-from tests.helpers import encode, tiny_model
+from tests.helpers import own_groups, tiny_model
 
 CPU = torch.device("cpu")
 PAD = 0  # the character tokenizer's <pad>
@@ -38,27 +38,7 @@ LR = 0.05  # plain SGD: parameter differences are gradient differences (Adam wou
 
 def records(model, tokenizer) -> list[list[Rollout]]:
     """Three minibatches of one group of 4; log μ the model's own (θ = μ at the first step)."""
-    g = torch.Generator().manual_seed(0)
-    prompts = encode(tokenizer, ["What is 2 + 3?", "Hi there", "Name a prime"])
-    minibatches = []
-    for k, (lengths, rewards) in enumerate(zip(LENGTHS, REWARDS)):
-        group = [
-            Rollout(
-                prompt_ids=prompts[k],
-                completion_ids=torch.randint(3, len(tokenizer), (n,), generator=g).tolist(),
-                logp_mu=[0.0] * n,
-                reward=r,
-                group_id=k,
-                truncated=False,
-            )
-            for n, r in zip(lengths, rewards)
-        ]
-        with torch.no_grad():
-            own = completion_logprobs(CompletionLogprobs(model, 1.0), collate(group, PAD))
-        for i, r in enumerate(group):
-            r.logp_mu = own[i, : len(r.completion_ids)].tolist()
-        minibatches.append(group)
-    return minibatches
+    return own_groups(model, tokenizer, ["What is 2 + 3?", "Hi there", "Name a prime"], LENGTHS, REWARDS, PAD)
 
 
 def loss_fn_for(name: str):
