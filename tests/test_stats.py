@@ -327,3 +327,12 @@ def test_power_round0_disagreement_is_one_sentence(tmp_path):
     _power_run(tmp_path, 8, 0, {0: 0.2, 1: 0.4}, [10.0])
     with pytest.raises(SystemExit, match="round-0 evaluations disagree"):
         stats.main(["--power", str(tmp_path)])
+
+
+def test_time_ratio_where_a_target_is_met_before_training():
+    """Resampled seeds can make PG's final accuracy (the target) no higher than the base model's, so its
+    time to the target is 0: the ratio is then inf (or 1 when both are 0), never a ZeroDivisionError."""
+    assert stats.time_ratio(30.0, 60.0) == 0.5
+    assert stats.time_ratio(30.0, 0.0) == math.inf
+    assert stats.time_ratio(0.0, 0.0) == 1.0
+    assert stats.time_ratio(math.inf, 60.0) == math.inf

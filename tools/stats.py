@@ -538,9 +538,18 @@ def power_summary(runs: list[dict], h_pg: int = 1, h_rapid: int = 8) -> dict:
     out["diff_final"] = describe(list(acc[h_rapid][:, -1] - acc[h_pg][:, -1]))
     out["diff_tta"] = tta(h_rapid, every) - tta(h_pg, every)
     out["diff_tta_ci"] = bootstrap_ci(every, statistic=lambda i: tta(h_rapid, i) - tta(h_pg, i))
-    out["ratio_tta"] = tta(h_rapid, every) / tta(h_pg, every)
-    out["ratio_tta_ci"] = bootstrap_ci(every, statistic=lambda i: tta(h_rapid, i) / tta(h_pg, i))
+    out["ratio_tta"] = time_ratio(tta(h_rapid, every), tta(h_pg, every))
+    out["ratio_tta_ci"] = bootstrap_ci(every, statistic=lambda i: time_ratio(tta(h_rapid, i), tta(h_pg, i)))
     return out
+
+
+def time_ratio(a: float, b: float) -> float:
+    """a / b for two times to an accuracy, where either may be 0 (the target reached before training,
+    when the seeds drawn have PG end at or below the base model) or inf (never reached): 0 / 0 is 1
+    (both at once), a / 0 is inf."""
+    if b == 0:
+        return 1.0 if a == 0 else math.inf
+    return a / b
 
 
 def power_markdown(s: dict, runs: list[dict], h_pg: int, h_rapid: int) -> str:
