@@ -44,7 +44,7 @@ run: install  ## the default run: RAPID on procedurally generated addition, Smol
 test: install  ## the tests CI runs (~3 min on 2 cores): all but those marked slow, with one short end-to-end run
 	$(PY) -m pytest -q -m "not slow"
 
-test-all: install  ## every test, the slow ones too (~25 min on 2 cores): end-to-end, multi-rank, resume, sandbox sweeps
+test-all: install  ## every test, the slow ones too (~30 min on 2 cores): end-to-end, multi-rank, resume, sandbox sweeps
 	$(PY) -m pytest -q
 
 lint: install  ## ruff: lint and check the formatting (CI runs this before the tests)

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoModelForCausalLM
 
 from rapid.config import RunStopped, with_current_defaults
+from rapid.distributed import all_gather_objects, is_sharded
 from rapid.models import unwrap
 from rapid.nonfinite import nonfinite_parameters
 from rapid.seeding import rng_state, set_rng_state
@@ -136,8 +137,6 @@ def gather(model, optimizer) -> dict | None:
     on the other ranks; a collective every rank joins. None for a model that is not sharded."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-    from rapid.distributed import is_sharded
-
     if not is_sharded(model):
         return None
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -169,8 +168,6 @@ def optimizer_state_layout(state: dict, names: list[str], by_name: bool) -> dict
 def gather_rng_states() -> list[dict]:
     """Every rank's RNG states (python, numpy, torch, CUDA), in rank order; a collective. Each rank's
     differ: on CPU the engine samples from torch's global generator, seeded per rank."""
-    from rapid.distributed import all_gather_objects
-
     return all_gather_objects(rng_state())
 
 
@@ -183,8 +180,6 @@ def load(path: Path, model, optimizer, scheduler, stream, rank: int = 0, world: 
     checkpoint holds one per rank of the same world size (else rank 0's: the run continues, but not
     draw for draw)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
-
-    from rapid.distributed import is_sharded
 
     path = Path(path)
     state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)

@@ -28,17 +28,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def composed(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-
-    from rapid.config import register_resolvers
-
-    register_resolvers()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-        return compose("config", overrides=overrides)
+from tools.iw_bf16 import composed
 
 
 def device_memory() -> dict[str, float]:
