@@ -8,6 +8,7 @@
 #   CORE=1 bash experiments/estimators_cpu.sh & CORE=0 ORDER=reverse bash experiments/estimators_cpu.sh
 #   SEEDS="3 4" bash experiments/estimators_cpu.sh     # more seeds later; finished runs are kept
 #   DIAGNOSTICS=1 CORE=0 bash experiments/estimators_cpu.sh   # CISPO at H = 1 and with its weight capped at 1
+#   SEEDS="3 4" ONLY="rapid rapid_mask dr_grpo" bash experiments/estimators_cpu.sh   # only these algorithms
 #   EXTRA="+experiment=smoke samples=128 sampler=hf" OUT=/tmp/est/runs bash experiments/estimators_cpu.sh  # a dry run
 # Resumable: a run's directory is its lock and its record; a run that finished (summary.json) is skipped,
 # one that was interrupted (a directory without summary.json and no live worker) is started again with
@@ -36,6 +37,13 @@ CONFIGS=(
 if [ "${DIAGNOSTICS:-0}" = 1 ]; then
   CONFIGS=("algorithm=cispo algorithm.H=1" "algorithm=cispo algorithm.eps_high=0.000001")
   SEEDS=0
+fi
+if [ -n "${ONLY:-}" ]; then # keep the configurations whose algorithm= is one of ONLY's names
+  KEEP=()
+  for c in "${CONFIGS[@]}"; do
+    a=${c%% *} && [[ " $ONLY " == *" ${a#algorithm=} "* ]] && KEEP+=("$c")
+  done
+  CONFIGS=("${KEEP[@]}")
 fi
 Q=()
 for s in $SEEDS; do
