@@ -64,7 +64,7 @@ for item in "${Q[@]}"; do
     ckpt.every=0 seed="$s" $overrides ${EXTRA:-} "hydra.run.dir='$d'" > "$d.log" 2>&1
   rm -rf "$d/checkpoints"   # the final checkpoint (~1.6 GB) is not needed for the table
 done
-"$PY" tools/stats.py "$OUT" --out "$OUT/.."
+"$PY" tools/stats.py "$OUT" --out "$OUT/.." --versus algorithm=rapid
 # per configuration: the fraction of records or tokens each estimator clips, masks or tapers, and the
 # wall time per generated sample (the sum of time/round_s over 1,024 samples), mean over its seeds
 "$PY" - "$OUT" > "$OUT/../estimators.md" << 'PYEOF'

@@ -336,3 +336,56 @@ def test_time_ratio_where_a_target_is_met_before_training():
     assert stats.time_ratio(30.0, 0.0) == math.inf
     assert stats.time_ratio(0.0, 0.0) == 1.0
     assert stats.time_ratio(math.inf, 60.0) == math.inf
+
+
+def test_versus_paired_by_seed_by_hand(tmp_path):
+    sweep = tmp_path / "multirun"
+    accuracy = {  # configuration -> seed -> accuracy
+        "algorithm=rapid": {0: 0.5, 1: 0.6, 2: 0.7},
+        "algorithm=b": {0: 0.6, 1: 0.8, 2: 0.8, 3: 0.0},  # seed 3 has no reference run: not paired
+        "algorithm=c": {0: 0.7, 1: 0.85, 2: 1.0},
+        "algorithm=d": {0: 0.1, 1: 0.3, 2: 0.4},
+        "algorithm=e": {0: 0.9},
+    }
+    for config, by_seed in accuracy.items():
+        for seed, acc in by_seed.items():
+            write_run(
+                sweep / f"{config},seed={seed}",
+                H=8,
+                seed=seed,
+                accuracy=acc,
+                round_s=[1.0],
+                staleness=[0.0],
+                rss=[100],
+                name=config.split("=")[1],
+            )
+    out = tmp_path / "out"
+    text = stats.main([str(sweep), "--out", str(out), "--versus", "algorithm=rapid"])
+    rows = {r["config"]: r for r in csv.DictReader((out / "versus.csv").open())}
+    assert set(rows) == {"algorithm=b", "algorithm=c", "algorithm=d", "algorithm=e"}
+    b = rows["algorithm=b"]
+    # d = (0.1, 0.2, 0.1): mean 0.13333, sd 0.057735, t95(2) = 4.303 -> half-width 4.303 · 0.057735 / √3
+    # = 0.143433: [−0.01010, 0.27677] holds 0 -> a tie; the bootstrap's resampled means run from 0.1 (all
+    # three draws 0.1: P = 8/27) to 0.2 (P = 1/27 > 0.025) -> [0.1, 0.2], which alone would call it for b
+    assert b["seeds"] == "0 1 2" and int(b["n"]) == 3
+    assert float(b["diff_mean"]) == pytest.approx(0.133333, abs=1e-6)
+    assert (float(b["t_low"]), float(b["t_high"])) == (
+        pytest.approx(-0.010100, abs=1e-5),
+        pytest.approx(0.276767, abs=1e-5),
+    )
+    assert (float(b["boot_low"]), float(b["boot_high"])) == (pytest.approx(0.1), pytest.approx(0.2))
+    assert (int(b["config_ahead"]), int(b["reference_ahead"]), b["verdict"]) == (3, 0, "tie")
+    # d = (0.2, 0.25, 0.3): sd 0.05, half-width 4.303 · 0.05 / √3 = 0.124217 -> [0.125783, 0.374217]
+    c = rows["algorithm=c"]
+    assert (float(c["t_low"]), float(c["t_high"])) == (
+        pytest.approx(0.125783, abs=1e-5),
+        pytest.approx(0.374217, abs=1e-5),
+    )
+    assert c["verdict"] == "algorithm=c better"
+    # d = (−0.4, −0.3, −0.3): mean −0.33333, sd 0.057735 -> [−0.476767, −0.189900]: the reference is better
+    d = rows["algorithm=d"]
+    assert float(d["t_high"]) == pytest.approx(-0.189900, abs=1e-5) and d["verdict"] == "algorithm=rapid better"
+    assert rows["algorithm=e"]["verdict"] == "one seed: no interval"
+    assert "| algorithm=c | 0 1 2 | +0.250 | [0.200, 0.300] | [0.126, 0.374] | 3 / 0 | algorithm=c better |" in text
+    with pytest.raises(SystemExit, match="no run of that configuration"):
+        stats.main([str(sweep), "--versus", "algorithm=nope"])

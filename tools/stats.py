@@ -30,6 +30,12 @@ the runs of the importance-weighted loss (RAPID at any H, PG = H 1) with the mos
 settings (eta, leave-one-out, the IW switches: an ablated estimator is not a point of the H sweep;
 `--all-runs` takes every run with an H), and the two-sided p-value of t = r √((n−2)/(1−r²)) under Student's t with n − 2 degrees of
 freedom, computed here (regularised incomplete beta function; scipy is not needed).
+
+`--versus CONFIG` adds a paired comparison: every configuration against CONFIG, by seed (the same seed
+draws the same prompts and problems), the mean accuracy difference with its bootstrap and Student t
+intervals and a verdict read off the t interval (`versus.csv` with --out):
+
+    python tools/stats.py experiments/results/estimators_cpu/runs --versus algorithm=rapid
 """
 
 from __future__ import annotations
@@ -354,6 +360,70 @@ def correlations(runs: list[dict], all_runs: bool = False) -> list[dict]:
     return out
 
 
+def versus(runs: list[dict], reference: str) -> list[dict]:
+    """Every other configuration against `reference`, paired by seed: over the seeds both have finished,
+    the per-seed accuracy differences d_s = acc(config, s) − acc(reference, s), their mean, the 95%
+    percentile bootstrap interval of the mean (resampling seeds) and the 95% Student t interval
+    (mean ± t95(n − 1) · sd / √n; wider, and the one the verdict reads: with 3-5 seeds the bootstrap
+    interval is too narrow), how many seeds favour each side, and the verdict: `<config> better` where the
+    t interval lies above 0, `<reference> better` where it lies below, `tie` where it holds 0 (and no verdict
+    from one seed)."""
+    acc = {(r["config"], r["seed"]): r["accuracy"] for r in runs if r["accuracy"] is not None}
+    if not any(c == reference for c, _ in acc):
+        known = ", ".join(sorted({c for c, _ in acc}))
+        raise SystemExit(f"--versus {reference}: no run of that configuration (the configurations: {known})")
+    out = []
+    for config in sorted({c for c, _ in acc if c != reference}, key=lambda c: _config_order(c, runs)):
+        seeds = sorted(s for c, s in acc if c == config and (reference, s) in acc)
+        d = [acc[config, s] - acc[reference, s] for s in seeds]
+        if not d:
+            continue
+        mean = float(np.mean(d))
+        lo, hi = bootstrap_ci(d)
+        half = t_half_width(d)
+        if len(d) < 2:
+            verdict = "one seed: no interval"
+        elif mean - half > 0 or mean + half < 0:
+            verdict = f"{config if mean > 0 else reference} better"
+        else:
+            verdict = "tie"
+        out.append(
+            {
+                "config": config,
+                "reference": reference,
+                "seeds": " ".join(map(str, seeds)),
+                "n": len(d),
+                "diff_mean": mean,
+                "boot_low": lo,
+                "boot_high": hi,
+                "t_low": mean - half,
+                "t_high": mean + half,
+                "config_ahead": sum(x > 0 for x in d),
+                "reference_ahead": sum(x < 0 for x in d),
+                "verdict": verdict,
+            }
+        )
+    return out
+
+
+def versus_markdown(rows: list[dict]) -> str:
+    ref = rows[0]["reference"] if rows else ""
+    lines = [
+        f"Paired by seed against `{ref}`: mean accuracy difference (configuration − {ref}) over the seeds both "
+        "finished, 95% bootstrap and Student t intervals of it, the seeds on which each is ahead, and the "
+        "verdict (from the t interval: a side is better only where the interval excludes 0).",
+        "",
+        f"| configuration | seeds | difference | 95% bootstrap CI | 95% t CI | seeds ahead (config / {ref}) | verdict |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['config']} | {r['seeds']} | {r['diff_mean']:+.3f} | [{fmt(r['boot_low'], 3)}, {fmt(r['boot_high'], 3)}] "
+            f"| [{fmt(r['t_low'], 3)}, {fmt(r['t_high'], 3)}] | {r['config_ahead']} / {r['reference_ahead']} | {r['verdict']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 # ----------------------------------------------------------------------------- report
 
 LABELS = {
@@ -650,6 +720,11 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--power-h", type=int, nargs=2, default=[1, 8], metavar=("PG_H", "RAPID_H"))
     parser.add_argument("--out", type=Path, help="also write stats.md, stats.csv and correlations.csv here")
     parser.add_argument("--all-runs", action="store_true", help="correlate H over every run that has one, any loss")
+    parser.add_argument(
+        "--versus",
+        metavar="CONFIG",
+        help="also compare every configuration with this one, paired by seed (versus.csv with --out)",
+    )
     args = parser.parse_args(argv)
     if args.power:
         text = power_report(args.power, *args.power_h)
@@ -665,10 +740,15 @@ def main(argv: list[str] | None = None) -> str:
     common = drop_common_overrides(runs)
     rows, corr = table(runs), correlations(runs, args.all_runs)
     text = markdown(rows, corr, args.all_runs, common, sorted({r["cpu"] for r in runs if r["cpu"]}))
+    paired = versus(runs, args.versus) if args.versus else []
+    if paired:
+        text += "\n" + versus_markdown(paired)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "stats.md").write_text(text)
-        for name, data in (("stats.csv", rows), ("correlations.csv", corr), ("runs.csv", runs)):
+        for name, data in (("stats.csv", rows), ("correlations.csv", corr), ("runs.csv", runs), ("versus.csv", paired)):
+            if not data:
+                continue
             with (args.out / name).open("w", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=list(data[0]))
                 writer.writeheader()
