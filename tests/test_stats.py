@@ -310,6 +310,14 @@ def test_power_report_by_hand(tmp_path):
     # on their own curves: PG seed 0 (0.3, 0.4, 0.5) never reaches 0.6, seed 1 does; both RAPID seeds do
     assert (s[1]["reached"], s[8]["reached"]) == (1, 2)
     assert s[1]["wall_end"]["mean"] == pytest.approx(22.0)
+    # the t interval of the paired final differences (0, 0.2): sd 0.141421, t95(1) = 12.706 -> ± 1.2706
+    assert s["diff_final_t"] == pytest.approx(12.706 * 0.141421356 / math.sqrt(2), rel=1e-6)
+    # whole-run training-loop time: RAPID (10 + 12) / 2 over PG (20 + 24) / 2 = 0.5; both seeds' ratios are 0.5
+    assert s["wall_ratio"] == pytest.approx(0.5) and s["wall_ratio_ci"] == (pytest.approx(0.5), pytest.approx(0.5))
+    assert s["per_seed"][1] == {"seed": 1, "final_1": 0.7, "final_8": 0.9, "wall_1": 24.0, "wall_8": 12.0}
+    assert "| 1 | 0.700 | 0.900 | +0.200 | 24 | 12 | 0.50 |" in text
+    assert "Ending below the base model: PG 0 of 2, RAPID H=8 0 of 2" in text
+    assert "degenerate" not in text
     with (tmp_path / "runs.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 3 + 2 + 3 + 2 + 2
@@ -320,6 +328,20 @@ def test_power_report_by_hand(tmp_path):
     assert pg1_rows == [("4", 12.0, "0.5"), ("8", 24.0, "0.7")]
     assert "paired seeds (both finished): 2 (0 1)" in text and "PG 3, RAPID H=8 2" in text
     assert (tmp_path / "power.md").read_text() == text and (tmp_path / "power.png").stat().st_size > 0
+
+
+def test_power_target_below_the_base_model_is_called_degenerate(tmp_path):
+    # PG ends at (0.1 + 0.3) / 2 = 0.2 < the base model's 0.3: both curves start at the target
+    _power_run(tmp_path, 1, 0, {0: 0.3, 1: 0.1}, [10.0])
+    _power_run(tmp_path, 1, 1, {1: 0.3}, [10.0])
+    _power_run(tmp_path, 8, 0, {0: 0.3, 1: 0.5}, [4.0])
+    _power_run(tmp_path, 8, 1, {1: 0.0}, [6.0])
+    text = stats.main(["--power", str(tmp_path)])
+    s = stats.power_summary(stats.power_runs(tmp_path), 1, 8)
+    assert s["target"] == pytest.approx(0.2) and s[1]["tta"] == 0.0 and s[8]["tta"] == 0.0
+    assert "**The target is degenerate**: PG's final accuracy (0.200) is at or below the base model's (0.300)" in text
+    assert "Ending below the base model: PG 1 of 2, RAPID H=8 1 of 2" in text
+    assert s["wall_ratio"] == pytest.approx(0.5)  # (4 + 6) / (10 + 10)
 
 
 def test_power_round0_disagreement_is_one_sentence(tmp_path):
