@@ -620,6 +620,8 @@ def power_summary(runs: list[dict], h_pg: int = 1, h_rapid: int = 8) -> dict:
         }
         for i, seed in enumerate(seeds)
     ]
+    for h in methods:  # seeds whose run ends below the base model
+        out[h]["below_base"] = None if out["base"] is None else int((acc[h][:, -1] < out["base"]).sum())
     out["diff_tta"] = tta(h_rapid, every) - tta(h_pg, every)
     out["diff_tta_ci"] = bootstrap_ci(every, statistic=lambda i: tta(h_rapid, i) - tta(h_pg, i))
     out["ratio_tta"] = time_ratio(tta(h_rapid, every), tta(h_pg, every))
@@ -699,11 +701,12 @@ def power_markdown(s: dict, runs: list[dict], h_pg: int, h_rapid: int) -> str:
         f"Training-loop time for the whole run, {rapid} over {pg} (ratio of the mean times, same samples): "
         f"**{r(s['wall_ratio'])}x** [{r(s['wall_ratio_ci'][0])}, {r(s['wall_ratio_ci'][1])}].",
         "",
-        f"Per seed (final accuracy; training-loop s). Ending below the base model: {pg} "
-        f"{sum(x[f'final_{h_pg}'] < s['base'] for x in s['per_seed']) if s['base'] is not None else '–'} "
-        f"of {s['n']}, {rapid} "
-        f"{sum(x[f'final_{h_rapid}'] < s['base'] for x in s['per_seed']) if s['base'] is not None else '–'} "
-        f"of {s['n']}.",
+        "Per seed (final accuracy; training-loop s). Ending below the base model: "
+        + ", ".join(
+            f"{s['methods'][h]} {'–' if s[h]['below_base'] is None else s[h]['below_base']} of {s['n']}"
+            for h in (h_pg, h_rapid)
+        )
+        + ".",
         "",
         f"| seed | {pg} accuracy | {rapid} accuracy | difference | {pg} s | {rapid} s | time ratio |",
         "|---:|---:|---:|---:|---:|---:|---:|",
