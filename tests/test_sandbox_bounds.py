@@ -52,7 +52,8 @@ def forge(*lines: bytes, then: str = "os._exit(0)") -> str:
 
 
 def result_line(value) -> bytes:
-    return b'{"setup": 1}\n' + json.dumps({"ok": value, "s": 0.0}).encode() + b"\n"
+    """The setup line and an answer to the first input, written before the input is sent."""
+    return b"setup\nok " + json.dumps(value).encode() + b"\n"
 
 
 def graded_apart(code: str, record=TOY) -> dict:
@@ -110,8 +111,8 @@ def test_forged_result_lines_are_refused_fast_in_bounded_memory(name):
 
 
 def test_a_long_line_before_setup_is_refused_fast():
-    """100 MB without a newline, before the setup line (and after it): nothing that size is expected."""
-    for prefix in (b"", b'{"setup": 1}\n'):
+    """100 MB without a newline, before the setup line, after it, and as an answer: nothing that size is expected."""
+    for prefix in (b"", b"setup\n", b"setup\nok "):
         code = forge(
             prefix, then="chunk = b'x' * (1 << 20)\nfor _ in range(100):\n    os.write(fd, chunk)\nos._exit(0)"
         )
@@ -129,21 +130,21 @@ def test_lines_are_read_in_linear_time():
 
 def test_decode_is_bounded_and_raises_only_value_error():
     with pytest.raises(ValueError):
-        sandbox.decode({"ndarray": ["<U134217728", [3], ["a", "b", "c"]]}, max_bytes=64 << 20)
+        sandbox.decode(json.dumps({"ndarray": ["<U134217728", [3], ["a", "b", "c"]]}), max_bytes=64 << 20)
     with pytest.raises(ValueError):
-        sandbox.decode({"npscalar": ["|i1", 1000]})
+        sandbox.decode(json.dumps({"npscalar": ["|i1", 1000]}))
     with pytest.raises(ValueError):
-        sandbox.decode({"set": [P * k for k in range(1, 100)]})
+        sandbox.decode(json.dumps({"set": [P * k for k in range(1, 100)]}))
     start = time.perf_counter()
     with pytest.raises(ValueError):
-        sandbox.decode({"dict": [[P * k, 0] for k in range(1, 200000)]})
+        sandbox.decode(json.dumps({"dict": [[P * k, 0] for k in range(1, 200000)]}))
     # linear: ~0.1 s idle, 1.4 s seen on a loaded 2-core machine; a quadratic decode of these 200k colliding
     # keys takes minutes (38k took 8 s), so the bound sits far from both
     assert time.perf_counter() - start < 10.0
     # legitimate values still decode: a few equal hashes (-1 and -2 share one) are fine
-    assert sandbox.decode({"set": [-1, -2, 3]}) == {-1, -2, 3}
-    assert sandbox.decode({"dict": [[-1, "a"], [-2, "b"]]}) == {-1: "a", -2: "b"}
-    big = sandbox.decode({"ndarray": ["<U4", [2], ["abcd", "e"]]}, max_bytes=1 << 10)
+    assert sandbox.decode(json.dumps({"set": [-1, -2, 3]})) == {-1, -2, 3}
+    assert sandbox.decode(json.dumps({"dict": [[-1, "a"], [-2, "b"]]})) == {-1: "a", -2: "b"}
+    big = sandbox.decode(json.dumps({"ndarray": ["<U4", [2], ["abcd", "e"]]}), max_bytes=1 << 16)
     assert big.tolist() == ["abcd", "e"]
 
 
@@ -169,7 +170,7 @@ def test_an_answer_after_its_limit_does_not_score(body):
     code = "import signal, time\ndef add(a, b):\n    late = 3.0 if a == 1 else 0.0\n" + body
     start = time.monotonic()
     assert task.reward(f"```python\n{code}\n```", TOY) == 0.0
-    assert time.monotonic() - start < 2.0 + sandbox.GRACE_S + sandbox.STARTUP_S
+    assert time.monotonic() - start < 2.0 + 1.0 + sandbox.STARTUP_S
 
 
 def test_an_answer_inside_its_limit_scores():
@@ -303,8 +304,10 @@ def test_memory_outside_the_address_space_is_bounded(name):
 def test_memory_bound_is_stated_and_finite():
     limits = sandbox.Limits(memory_mb=1024, disk_mb=64, file_mb=8, open_files=32)
     pipe_mb = max(1, sandbox.pipe_max_bytes() >> 20)
-    tasks = 32 + 2  # threads, bwrap's init and the driver: 64 KiB of kernel memory each, rounded up to MB
-    assert sandbox.memory_bound_mb(limits) == 1024 + 64 + 32 * max(8, pipe_mb) + 3
+    tasks = 32 + 2  # threads, bwrap's init and the driver: 64 KiB of kernel memory each
+    # kernel objects, in KiB: 34 tasks x 64 + 4,096 inodes x 2 + 64 signals x 1 + 32^2 epoll watches x 1
+    # = 2,176 + 8,192 + 64 + 1,024 = 11,456 KiB, rounded up to 12 MB
+    assert sandbox.memory_bound_mb(limits) == 1024 + 64 + 32 * max(8, pipe_mb) + 12
     assert sandbox.nproc(limits, "bwrap") == tasks
     assert sandbox.nproc(sandbox.Limits(processes=4), "process") == 4
 

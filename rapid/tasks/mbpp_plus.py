@@ -50,12 +50,13 @@ from rapid.config import ConfigError
 from rapid.tasks import encode_prompts
 from rapid.tasks.datasets import is_mbppplus_hub_record, load_split, mbppplus_from_hub
 from rapid.tasks.grading import GradingError
-from rapid.tasks.sandbox import STARTUP_S, Limits, _driver_source, call_function, check, decode, encode
+from rapid.tasks.sandbox import STARTUP_S, Limits, _driver_source, call_function, check, decode, decoded_cost, encode
 
 FILES = {"train": "mbpp_plus/test.jsonl", "test": "mbpp_plus/test.jsonl"}  # one file, split by task id
 HUB = {"train": "evalplus/mbppplus@test", "test": "evalplus/mbppplus@test"}
 N_TASKS, N_EVAL = 378, 114
-CACHE_VERSION = 2  # bump when the comparison inputs change (the driver is hashed too)
+CACHE_VERSION = 3  # bump when the comparison inputs change (the driver is hashed too)
+DECODE_FLOOR = 32 << 20  # the least memory decoding one answer may take (sandbox.decode's max_bytes)
 PHASE_CAP_S = 60.0  # EvalPlus's cap on one phase's (base or plus) whole run
 FIELDS = ("task_id", "entry_point", "canonical_solution", "base_input", "plus_input")
 
@@ -168,6 +169,7 @@ def reward(completion: str, record: dict) -> float:
         memory_mb=grading.get("memory_mb", 1024),
         disk_mb=grading.get("disk_mb", 64),
         line_bytes=ref.line_bytes,
+        decoded_bytes=ref.decoded_bytes,
     )
     judge = Judge(record, ref.outputs, inputs)
     try:
@@ -208,14 +210,18 @@ def cache_dir() -> Path:
 
 
 class Reference:
-    """The canonical solution's outputs and seconds per test, and the most bytes a candidate's
-    result line may have per test (4x the expected's encoding + 1 MiB: equal values of other types,
-    e.g. floats for ints, take a few times the bytes)."""
+    """The canonical solution's outputs and seconds per test (measured as a candidate's are: from
+    its arguments being sent to its answer arriving), the most bytes a candidate's answer may have
+    per test (4x the expected's encoding + 1 MiB: equal values of other types, e.g. floats for ints,
+    take a few times the bytes) and the most memory decoding it may take (4x the expected's
+    `decoded_cost`, at least DECODE_FLOOR)."""
 
     def __init__(self, encoded: list, seconds: list[float]):
-        self.outputs = [decode(v) for v in encoded]
+        texts = [json.dumps(v).encode() for v in encoded]
+        self.outputs = [decode(t) for t in texts]
         self.seconds = seconds
-        self.line_bytes = tuple(4 * len(json.dumps(v)) + (1 << 20) for v in encoded)
+        self.line_bytes = tuple(4 * len(t) + (1 << 20) for t in texts)
+        self.decoded_bytes = tuple(max(DECODE_FLOOR, 4 * decoded_cost(t)) for t in texts)
 
 
 _REFERENCES: dict[str, Reference | ConfigError] = {}  # by cache file; a failed reference is kept as its error
