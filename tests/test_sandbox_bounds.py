@@ -99,6 +99,11 @@ FORGED = {
     "frozenset of 38k colliding ints": result_line({"frozenset": [P * k for k in range(1, 38000)]}),
     "dict of 32k colliding keys": result_line({"dict": [[P * k, 0] for k in range(1, 32000)]}),
     "set of 40k copies of one int": result_line({"set": [7] * 40000}),
+    # values that take 20-40x their bytes once decoded, sized just under the toy's 1 MiB line cap
+    "262k empty lists (1 MiB)": result_line([[]] * 262000),
+    "80k empty sets (1 MiB)": result_line([{"set": []}] * 80000),
+    "87k empty dicts (1 MiB)": result_line([{"dict": []}] * 87000),
+    "100k-deep nesting": b"setup\nok " + b"[" * 100000 + b"]" * 100000 + b"\n",
 }
 
 

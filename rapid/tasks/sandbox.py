@@ -708,7 +708,7 @@ def _can_mount() -> bool:
     if os.geteuid() != 0 or not all(shutil.which(b) for b in ("unshare", "mount", "setpriv")):
         ok = False
     else:
-        probe = tempfile.mkdtemp(prefix="rapid-sandbox-")
+        probe = tempfile.mkdtemp(prefix="rapid-mount-")
         try:
             argv = _mount_wrapper(Limits(disk_mb=1, inodes=16), 0, probe) + ["/bin/true"]
             ok = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30).returncode == 0
@@ -782,7 +782,7 @@ def call_function(
                 theirs.append(seccomp_fd)
             how = _root_confinement(bwrap) if os.geteuid() == 0 else "user"
             if _can_mount():
-                workdir = tempfile.mkdtemp(prefix="rapid-sandbox-")
+                workdir = tempfile.mkdtemp(prefix="rapid-mount-")  # an empty mount point on the host
                 prefix = _mount_wrapper(limits, UID if how == "nobody" else 0, workdir)
             else:
                 prefix = []
