@@ -115,6 +115,69 @@ def test_forged_result_lines_are_refused_fast_in_bounded_memory(name):
     assert result["s"] < 3.0 and result["mb"] < 64, (name, result)
 
 
+def traced_peak(fn, *args, **kwargs):
+    """(what fn returned or raised, the peak of memory traced while it ran)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        try:
+            out = fn(*args, **kwargs)
+        except Exception as e:
+            out = e
+        return out, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("name", ["262k empty lists (1 MiB)", "80k empty sets (1 MiB)", "87k empty dicts (1 MiB)"])
+def test_answers_that_decode_to_many_times_their_size_are_refused_before_parsing(name):
+    """1 MiB answers (the toy's line cap) that decode to 7-22x their size: with the budget a small
+    expected value gets (32 MB), each is refused from its token count, before anything is parsed."""
+    data = FORGED[name].split(b"\nok ", 1)[1].rstrip(b"\n")
+    value, unbounded = traced_peak(sandbox.decode, data)
+    assert not isinstance(value, Exception) and unbounded > 6 * len(data), (name, unbounded)  # the hazard
+    refused, peak = traced_peak(sandbox.decode, data, max_bytes=task.DECODE_FLOOR)
+    assert isinstance(refused, ValueError) and peak < 64 << 10, (name, refused, peak)
+
+
+SHAPES = {  # JSON texts that decode to many times their size, and the ordinary kinds of answers
+    "empty lists": "[" + ",".join(["[]"] * 20000) + "]",
+    "empty sets": "[" + ",".join(['{"set":[]}'] * 20000) + "]",
+    "empty dicts": "[" + ",".join(['{"dict":[]}'] * 20000) + "]",
+    "set of ints": '{"set":[' + ",".join(map(str, range(20000))) + "]}",
+    "dict of ints": '{"dict":[' + ",".join(f"[{i},{i}]" for i in range(20000)) + "]}",
+    "one-element tuples": "[" + ",".join(['{"tuple":[1]}'] * 20000) + "]",
+    "complex numbers": "[" + ",".join(['{"complex":[0.0,0.0]}'] * 20000) + "]",
+    "numpy scalars": "[" + ",".join(['{"npscalar":["<f8",1.5]}'] * 20000) + "]",
+    "empty arrays": "[" + ",".join(['{"ndarray":["<f8",[0],[]]}'] * 5000) + "]",
+    "floats": "[" + ",".join(repr(i + 0.5) for i in range(20000)) + "]",
+    "one-character strings": "[" + ",".join(f'"{chr(0x4E00 + i % 1000)}"' for i in range(20000)) + "]",
+    "an astral character and ASCII": '["\\ud83d\\ude00' + "a" * 80000 + '"]',
+    "huge integers": "[" + ",".join([str(10**4000)] * 20) + "]",
+    "deep nesting": "[" * 500 + "]" * 500,
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_decoded_cost_bounds_the_decoders_memory(name):
+    """`decoded_cost`, counted before parsing, is above what decoding holds at its peak (tracemalloc;
+    numpy's buffers are traced too): the budget check on the cost is a bound on memory."""
+    import tracemalloc
+
+    data = SHAPES[name].encode()
+    tracemalloc.start()
+    try:
+        value = sandbox.decode(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert value is not None
+    assert peak <= sandbox.decoded_cost(data), (name, peak, sandbox.decoded_cost(data))
+    with pytest.raises(ValueError):  # and a budget below the cost refuses it
+        sandbox.decode(data, max_bytes=sandbox.decoded_cost(data) - 1)
+
+
 def test_a_long_line_before_setup_is_refused_fast():
     """100 MB without a newline, before the setup line, after it, and as an answer: nothing that size is expected."""
     for prefix in (b"", b"setup\n", b"setup\nok "):
