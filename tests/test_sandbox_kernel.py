@@ -238,3 +238,22 @@ def test_kernel_memory_held_is_small(kind, tries):
         watcher.join()
     assert run.status == "ok", run
     assert peak[0] - before < 64, (kind, run.outputs, peak[0] - before)
+
+
+def test_the_mount_is_private_to_the_run_and_falls_back_without_it(monkeypatch):
+    """The working directory is a tmpfs with the inode count, seen by the program and not by the host;
+    where the grader cannot mount it, bwrap's own tmpfs (bytes only) is used and programs still run."""
+    import glob
+
+    code = "def f():\n    return [line.split()[3] for line in open('/proc/self/mounts') if ' /sandbox ' in line]"
+    if sandbox._can_mount():
+        before = set(glob.glob("/tmp/rapid-mount-*"))
+        run = sandbox.call_function(code, "f", [[]], LIMITS)
+        assert run.status == "ok", run
+        assert f"nr_inodes={LIMITS.inodes}" in run.outputs[0][1][0].split(",")
+        assert not any("rapid-sandbox" in line for line in open("/proc/self/mounts"))  # not on the host
+        assert set(glob.glob("/tmp/rapid-mount-*")) <= before  # the empty mount point is removed
+    monkeypatch.setattr(sandbox, "_can_mount", lambda: False)
+    run = sandbox.call_function(code, "f", [[]], LIMITS)
+    assert run.status == "ok" and len(run.outputs[0][1]) == 1, run
+    assert f"size={LIMITS.disk_mb << 10}k" in run.outputs[0][1][0].split(",")
