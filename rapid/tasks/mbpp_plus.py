@@ -9,33 +9,33 @@ Python code) `rapid.tasks.datasets.mbppplus_from_hub` converts to those fields.
 
 Grading, as EvalPlus (0.3.1) does it: the code is the last ```python block of the completion (else
 the last bare ``` block, else the text before a closing fence, else the raw text). It runs under
-bubblewrap (`rapid.tasks.sandbox`; `sandbox: process` runs it without isolation, only when asked)
-on every `base_input` and `plus_input` (deserialised per task: tuples, sets, complex). Expected
-outputs and each test's reference time come from running `canonical_solution` the same way, cached
-on disk under $RAPID_CACHE (default ~/.cache/rapid)/mbpp_plus, which the sandbox cannot see. Each
-test has its own time limit, max(`min_time_limit_s`, `time_limit_factor` x the reference's time on
-that test) (EvalPlus: 4 s and 4x), and the whole run min(60 s, the sum of the limits) per phase (base,
-plus) plus start-up. Both times are wall clock measured by the grader, outside the sandbox, from the
+bubblewrap (`rapid.tasks.sandbox`; `sandbox: process` runs it without isolation, only when asked) on
+every `base_input` and `plus_input` (deserialised per task: tuples, sets, complex). Expected outputs
+and each test's reference time come from running `canonical_solution` the same way, cached on disk
+under $RAPID_CACHE (default ~/.cache/rapid)/mbpp_plus, which the sandbox cannot see. Each test has
+its own time limit, max(`min_time_limit_s`, `time_limit_factor` x the reference's time on that test)
+(EvalPlus: 4 s and 4x), and the whole run min(60 s, the sum of the limits) per phase (base, plus)
+plus start-up. Both times are wall clock measured by the grader, outside the sandbox, from the
 moment a test's arguments are sent (only then: no test's input is in the sandbox before its time
 starts) to the moment its answer has arrived; EvalPlus times only the call, so this time also holds
-copying the arguments in and the answer out, for the reference as for the candidate. Outputs are judged outside the sandbox as they arrive, as EvalPlus's checker
-does: equal, or for floats (and lists/tuples of floats, float arrays) `np.allclose` with the task's
-`atol` (1e-6 when atol is 0; once raised it stays for the phase's later tests, as in EvalPlus) and
-rtol 1e-7, same type and length required; set equality for the EvalPlus set-output entry points;
-"is not None" for the regex tasks; the custom oracles of Mbpp/581 (a pyramid's surface area,
-rounded) and Mbpp/558 (digit distance with zero padding). numpy scalars and arrays are compared as
-numpy values (a numpy float must equal exactly, as `type(out) == type(exp)` fails EvalPlus's
-tolerance path). Stricter than EvalPlus, which trusts the program: nothing is broadcast (a numpy
-array stands only where the expected value has an array or a list of its shape, a 0-d one or a numpy
-scalar only for a number), the tolerance compares numbers with numbers after checking structure and
-lengths (`[np.empty((0, 1))]` for a float fails), and set equality refuses values with many colliding
-hashes, so judging is linear in the values' sizes (`outputs_match`; docs/safety.md). An answer may
-take at most 4x the expected value's encoding + 1 MiB, and decoding it at most 4x the expected
-value's `decoded_cost` (at least 32 MB), or it fails. print() output
-is discarded. Reward 1.0 only if every test passes; the first failing test (wrong, raised, over
-time, even if the program caught the timer) ends the run with 0.0, and so does anything going wrong
-while its results are decoded or judged. A sandbox that cannot start raises `SandboxError` (counted
-in train/reward_failures).
+copying the arguments in and the answer out, for the reference as for the candidate. Outputs are
+judged outside the sandbox as they arrive, as EvalPlus's checker does: equal, or for floats (and
+lists/tuples of floats, float arrays) `np.allclose` with the task's `atol` (1e-6 when atol is 0;
+once raised it stays for the phase's later tests, as in EvalPlus) and rtol 1e-7, same type and
+length required; set equality for the EvalPlus set-output entry points; "is not None" for the regex
+tasks; the custom oracles of Mbpp/581 (a pyramid's surface area, rounded) and Mbpp/558 (digit
+distance with zero padding). numpy scalars and arrays are compared as numpy values (a numpy float
+must equal exactly, as `type(out) == type(exp)` fails EvalPlus's tolerance path). Stricter than
+EvalPlus, which trusts the program: nothing is broadcast (a numpy array stands only where the
+expected value has an array or a list of its shape, a 0-d one or a numpy scalar only for a number),
+the tolerance compares numbers with numbers after checking structure and lengths (`[np.empty((0,
+1))]` for a float fails), and set equality refuses values with many colliding hashes, so judging is
+linear in the values' sizes (`outputs_match`; docs/safety.md). An answer may take at most 4x the
+expected value's encoding + 1 MiB, and decoding it at most 4x the expected value's `decoded_cost`
+(at least 32 MB), or it fails. print() output is discarded. Reward 1.0 only if every test passes;
+the first failing test (wrong, raised, over time whatever the program did to its interpreter) ends
+the run with 0.0, and so does anything going wrong while its results are decoded or judged. A
+sandbox that cannot start raises `SandboxError` (counted in train/reward_failures).
 """
 
 from __future__ import annotations
