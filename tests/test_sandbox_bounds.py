@@ -178,6 +178,7 @@ def test_decoded_cost_bounds_the_decoders_memory(name):
         sandbox.decode(data, max_bytes=sandbox.decoded_cost(data) - 1)
 
 
+@pytest.mark.slow
 def test_a_long_line_before_setup_is_refused_fast():
     """100 MB without a newline, before the setup line, after it, and as an answer: nothing that size is expected."""
     for prefix in (b"", b"setup\n", b"setup\nok "):
@@ -188,6 +189,7 @@ def test_a_long_line_before_setup_is_refused_fast():
         assert result["score"] == 0.0 and result["s"] < 3.0 and result["mb"] < 64, (prefix, result)
 
 
+@pytest.mark.slow
 def test_lines_are_read_in_linear_time():
     """An honest 3 MB answer arriving in many small writes is read without quadratic copying."""
     record = {**TOY, "canonical_solution": "def add(a, b):\n    return [a] * 300000 + [b]\n"}
