@@ -45,7 +45,6 @@ from tqdm import tqdm
 from rapid import adaptive_h, checkpoint, distributed, estimators
 from rapid.buffer import ReplayBuffer, Rollout, dynamic_sampling, rank_share, trim_to_minibatches
 from rapid.config import (
-    ConfigError,
     check_known_keys,
     check_new_run_dir,
     exit_on_config_error,
@@ -265,18 +264,10 @@ def train(cfg: DictConfig) -> dict:
     # ---------------------------------------------------------------- setup
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     resume_from = None
-    if cfg.resume:
+    if cfg.resume:  # the run continues with the config it started with (rapid/checkpoint.py)
         run_dir = Path(cfg.resume)
-        resume_from = checkpoint.latest(run_dir)
-        if resume_from is None:
-            raise ConfigError(
-                f"resume={cfg.resume} holds no readable checkpoint (checkpoints/round_*/state.pt): "
-                "point it at the directory of a run that saved one"
-            )
-        ignored = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
-        if ignored:
-            print0(f"resume continues with the run's saved config; ignoring {' '.join(ignored)}")
-        cfg = checkpoint.load_config(resume_from)  # the run continues with the config it started with
+        overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
+        resume_from, cfg = checkpoint.resume_point(run_dir, overrides)
     else:  # a new run: every key known (rapid/config.py)
         check_known_keys(cfg)
     rank, world, device = distributed.init(cfg.device)
