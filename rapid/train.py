@@ -283,7 +283,8 @@ def train(cfg: DictConfig) -> dict:
         cfg.model.path, cfg.model.gguf, cfg.model.architecture, cfg.model.gradient_checkpointing, seed=cfg.seed
     )
     model.to(device)
-    task, train_records, train_prompts, eval_records, eval_prompts = load_splits(t, tokenizer, cfg.eval.n)
+    context = getattr(model.config, "max_position_embeddings", None)  # prompts + completions must fit
+    task, train_records, train_prompts, eval_records, eval_prompts = load_splits(t, tokenizer, cfg.eval.n, context)
     cfg.rounds, cfg.samples = run_length(cfg, len(train_records))  # rounds is None with H=auto
     if distributed.is_main():
         write_run_files(run_dir, cfg, device, "meta_resume.json" if resume_from else "meta.json", world_size=world)
