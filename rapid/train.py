@@ -42,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from rapid import adaptive_h, checkpoint, distributed, estimators
+from rapid import adaptive_h, checkpoint, distributed, estimators, preflight
 from rapid.buffer import ReplayBuffer, Rollout, dynamic_sampling, rank_share, trim_to_minibatches
 from rapid.config import (
     check_known_keys,
@@ -249,6 +249,7 @@ def eval_and_log(
     return row
 
 
+@preflight.checked("config")  # every job's config, before Hydra makes a directory (rapid/preflight.py)
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
 @exit_on_config_error
 def main(cfg: DictConfig) -> dict | None:
