@@ -3,7 +3,6 @@ start-up check (rapid/preflight.py) with one sentence naming what is wrong and h
 Hydra makes a directory or anything loads. In-process through `check_command_line`; a few cases go
 through `python -m rapid.train` end to end (exit status 2, the sentence on stderr, no run directory)."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +30,9 @@ def test_the_smoke_config_and_a_sweep_of_it_pass(tmp_path):
     jobs = check_command_line([*SMOKE, f"hydra.run.dir={tmp_path / 'run'}"], environ=QUIET)
     assert [j.run_dir for j in jobs] == [tmp_path / "run"] and jobs[0].cfg.algorithm.H == 2
     assert jobs[0].bytes > 12 * 80_000  # the tiny model's checkpoints: ~80k parameters, 12 bytes each
-    jobs = check_command_line(["-m", *SMOKE, "seed=0,1", "algorithm.H=1,2", f"hydra.sweep.dir={tmp_path}"], environ=QUIET)
+    jobs = check_command_line(
+        ["-m", *SMOKE, "seed=0,1", "algorithm.H=1,2", f"hydra.sweep.dir={tmp_path}"], environ=QUIET
+    )
     assert sorted((j.cfg.seed, j.cfg.algorithm.H) for j in jobs) == [(0, 1), (0, 2), (1, 1), (1, 2)]
     assert len({j.run_dir for j in jobs}) == 4
     assert not list(tmp_path.iterdir())  # the check writes nothing
@@ -97,7 +98,10 @@ def test_command_line_mistakes_are_one_sentence(args, words):
 @pytest.mark.parametrize(
     "text, words",
     [
-        ("seed:\t3\n", "tabs.yaml:4 is not valid YAML (found character '\\t' that cannot start any token): indent with"),
+        (
+            "seed:\t3\n",
+            "tabs.yaml:4 is not valid YAML (found character '\\t' that cannot start any token): indent with",
+        ),
         ("seed: 1\nseed: 2\n", "tabs.yaml:5 is not valid YAML (found duplicate key seed)"),
         ("algorithm: 5\n", "algorithm.name is missing from the config"),
     ],
@@ -166,7 +170,10 @@ def test_environment_of_a_distributed_launch():
         ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not a number: launch with torchrun"),
         ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 is set without RANK, MASTER_ADDR, MASTER_PORT"),
         ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "1"}, "WORLD_SIZE=2 is set without MASTER_ADDR"),
-        ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "RANK=2 must lie in 0..WORLD_SIZE-1 = 1"),
+        (
+            {"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"},
+            "RANK=2 must lie in 0..WORLD_SIZE-1 = 1",
+        ),
         ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0 must be at least 1"),
     ]:
         with pytest.raises(ConfigError, match="^" + words.replace("(", r"\(").replace(".", r"\.")):
