@@ -94,7 +94,7 @@ def save(
             shutil.rmtree(old, ignore_errors=True)
             path.rename(old)
         tmp.rename(path)
-    except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError
+    except Exception as e:  # torch.save and safetensors report a failed write in their own kinds
         shutil.rmtree(tmp, ignore_errors=True)  # what was written of it, and the room it took
         if old.exists() and not path.exists():
             old.rename(path)
@@ -108,7 +108,8 @@ def save(
 def save_failed_message(run_dir: Path, round_: int, error: Exception) -> str:
     """One sentence for a checkpoint that could not be written: why, and what still holds."""
     text = str(error).strip()
-    reason = getattr(error, "strerror", None) or (text.splitlines()[-1] if text else type(error).__name__)
+    reason = getattr(error, "strerror", None) or (text.splitlines()[-1] if text else "")
+    reason = f"{type(error).__name__}: {reason}" if reason else type(error).__name__
     full = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
     try:
         full = full or shutil.disk_usage(run_dir).free < 64 * 2**20
