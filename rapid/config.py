@@ -232,6 +232,7 @@ KINDS = {
     "algorithm.distill.data": {"str", "null"},
     "algorithm.distill.teacher": {"str", "null", "map"},
     "algorithm.eps_low": {"int", "float", "null"},
+    "algorithm.baseline": {"int", "float", "str"},  # TOPR's constant, or group_mean (rapid/estimators.py checks)
     "algorithm.eta": {"int", "float", "null"},
     "algorithm.H": {"int", "str"},
     "algorithm.n_inference": {"int", "str"},

@@ -280,6 +280,6 @@ def load_splits(task_cfg, tokenizer, n_eval: int | None = None, context: int | N
         prompts = checked_prompts(
             task, split, call_task(task, "build_prompts", (records, tokenizer), cfg), len(records)
         )
-        check_context(task_cfg.name, split, prompts, task_cfg.max_new_tokens, context)
+        check_context(task_cfg.name, split, prompts, task_cfg.get("max_new_tokens") or 0, context)
         splits += [records, prompts]
     return (task, *splits)
