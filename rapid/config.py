@@ -8,6 +8,7 @@ import difflib
 import functools
 import json
 import math
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -51,16 +52,17 @@ EXIT_CONFIG_ERROR, EXIT_RUN_STOPPED = 2, 3
 
 def exit_on_config_error(main: Callable) -> Callable:
     """Entry-point decorator: a ConfigError ends the program with its one sentence on stderr and exit
-    status 2 (removing the run directory Hydra made for it if nothing was written there), a RunStopped
-    with its one sentence and exit status 3; never a traceback."""
+    status 2 (removing the run directory Hydra made for it, with the start-up files the run wrote there,
+    if nothing else was written), a RunStopped with its one sentence and exit status 3; never a traceback."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
+        before = run_dir_entries()
         try:
             return main(*args, **kwargs)
         except ConfigError as e:
             print(f"rapid: {e}", file=sys.stderr, flush=True)
-            remove_empty_run_dir()
+            remove_empty_run_dir(before)
             sys.exit(EXIT_CONFIG_ERROR)
         except RunStopped as e:
             print(f"rapid: {e}", file=sys.stderr, flush=True)
@@ -69,16 +71,40 @@ def exit_on_config_error(main: Callable) -> Callable:
     return wrapper
 
 
-def remove_empty_run_dir() -> None:
-    """Hydra creates the run directory before `main` runs: a start refused before anything was written
-    leaves none behind (a directory that holds anything, e.g. an earlier run's, is left alone)."""
+# What a run writes into its directory before its engine starts (rapid/train.py's setup); a start
+# refused after them (by the engine's own checks) takes them away again.
+START_FILES = ("config.yaml", "meta.json", "split.json", "train.log")
+
+
+def hydra_run_dir() -> Path | None:
     try:
         from hydra.core.hydra_config import HydraConfig
 
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        return Path(HydraConfig.get().runtime.output_dir)
     except Exception:  # not under Hydra
+        return None
+
+
+def run_dir_entries() -> set[str] | None:
+    run_dir = hydra_run_dir()
+    try:
+        return set(os.listdir(run_dir)) if run_dir else None
+    except OSError:
+        return None
+
+
+def remove_empty_run_dir(before: set[str] | None = None) -> None:
+    """Hydra creates the run directory before `main` runs: a start refused before anything but the
+    start-up files was written leaves none behind (files that were there before, e.g. an earlier run's,
+    and anything else are left alone)."""
+    run_dir = hydra_run_dir()
+    if run_dir is None or before is None:
         return
     try:
+        added = set(os.listdir(run_dir)) - before
+        if added <= set(START_FILES):
+            for name in added:
+                (run_dir / name).unlink()
         run_dir.rmdir()  # only if empty
     except OSError:
         pass
@@ -116,7 +142,7 @@ def resolve_behavior_logprobs(cfg: DictConfig) -> str:
 
 # (key, kind, lowest value, whether the lowest is excluded, what null means or None if null is wrong)
 NUMBERS = [
-    ("seed", int, None, False, None),
+    ("seed", int, 0, False, None),  # run streams derive from its low 32 bits (rapid/seeding.py)
     ("rounds", int, 1, False, "epochs decide"),
     ("samples", int, 1, False, "rounds or epochs decide"),
     ("epochs", float, 0, True, None),
@@ -159,7 +185,7 @@ NUMBERS = [
     ("ckpt.every", int, 0, False, None),
     ("ckpt.keep", int, 0, False, None),
 ]
-HIGHEST = {"sampler.top_p": 1, "sampler.gpu_memory_utilization": 1}  # inclusive upper bounds
+HIGHEST = {"sampler.top_p": 1, "sampler.gpu_memory_utilization": 1, "seed": 2**32 - 1}  # inclusive upper bounds
 CHOICES = {
     "optim.schedule": ("constant", "linear", "cosine"),
     "train.parallel": ("ddp", "fsdp"),

@@ -196,13 +196,16 @@ def test_wandb_without_a_login_is_refused(tmp_path):
 @pytest.mark.slow
 def test_refusals_end_to_end(tmp_path):
     """`python -m rapid.train` itself: exit status 2, one `rapid:` sentence on stderr and nothing else
-    from rapid, no traceback, no directory; a sweep whose second job is bad runs no job."""
+    from rapid, no traceback, no directory; a sweep whose second job is bad runs no job; a start the
+    engine's own checks refuse takes back the files it had written."""
     cases = {
         "flase": ([*SMOKE, "train.skip_zero_advantage=flase"], "train.skip_zero_advantage='flase' must be true"),
         "grammar": ([*SMOKE, "algorithm.H=[1"], "not valid Hydra syntax"),
         "sweep": (["-m", *SMOKE, "algorithm.eta=2,0.5"], "algorithm.eta=0.5 must be a finite number >= 1"),
         "empty sweep": (["-m", *SMOKE, "seed=range(3,3)"], "expands to no value"),
         "world": ([*SMOKE], "WORLD_SIZE=2 is set without"),
+        # refused inside the run, after config.yaml, meta.json and split.json were written: they go too
+        "late": ([*SMOKE, "sampler.max_model_len=10"], "sampler.max_model_len=10 is shorter than the longest prompt"),
     }
     procs = {}
     for name, (args, _) in cases.items():
