@@ -13,8 +13,8 @@ checkpoint that does not read back whole, or whose weights are not finite, is pa
 
 `resume_point` is what `resume=<run_dir>` continues from: the run's newest whole checkpoint and the
 config it was written under, refused in one sentence when it cannot be the continuation of that run (a
-checkpoint copied from another run, a saved config that does not load, an override that would change
-the run).
+checkpoint copied from another run, a saved config that does not load), with a warning for an override
+that would change the run (it does not apply).
 
 With sharded parameters (train.parallel=fsdp) every rank first joins `gather`, which collects the whole
 weights and optimizer state on rank 0 (on the CPU), and rank 0 writes them in the same files, so a
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import shutil
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -203,9 +204,10 @@ RUN_IDENTITY = ("seed", "algorithm", "model", "task", "optim", "train", "sampler
 
 def resume_point(run_dir: Path, overrides: list[str] = ()) -> tuple[Path, DictConfig]:
     """(checkpoint, config) that resume=<run_dir> continues from: the newest checkpoint that reads back
-    whole with finite weights, and the config it was written under (checked against the schema). One
-    ConfigError sentence when there is none, when the checkpoint was written by another run than the one
-    in <run_dir>/config.yaml, or when an override (other than RESUME_OVERRIDES) would change the run."""
+    whole with finite weights, and the config it was written under (checked against the schema), with
+    the RESUME_OVERRIDES among `overrides` applied. One ConfigError sentence when there is none, or when
+    the checkpoint was written by another run than the one in <run_dir>/config.yaml; one warning naming
+    the other overrides that would change the run, which do not apply."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"resume={run_dir} is not a directory: point it at the directory of an earlier run")
@@ -236,6 +238,7 @@ def resume_point(run_dir: Path, overrides: list[str] = ()) -> tuple[Path, DictCo
                     f"the checkpoint {path} was written under another {key} than {mine} records, so it was copied "
                     f"from another run: resume that run's own directory, or start a new run"
                 )
+    ignored = []
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
         if key.startswith(RESUME_OVERRIDES):
@@ -244,12 +247,17 @@ def resume_point(run_dir: Path, overrides: list[str] = ()) -> tuple[Path, DictCo
             continue
         saved = OmegaConf.select(cfg, key, default=None)
         saved = OmegaConf.to_container(saved, resolve=True) if OmegaConf.is_config(saved) else saved
-        if override.startswith("~") or isinstance(saved, dict) or _parse(value) != saved:
-            shown = f"the {key} group's settings" if isinstance(saved, dict) else f"{key}={saved}"
-            raise ConfigError(
-                f"resume={run_dir} continues that run with the config it started with ({shown}), so {override} would "
-                "not apply: drop it, or start a new run with it"
-            )
+        if isinstance(saved, dict):  # a group option: the same one as the run's is no change
+            saved = saved.get("name")
+            key = f"{key}.name"
+        if override.startswith("~") or _parse(value) != saved:
+            ignored.append(f"{override} (the run's {key} is {saved})")
+    if ignored:
+        warnings.warn(
+            f"resume={run_dir} continues that run with the config it started with, so {'; '.join(ignored)} "
+            "does not apply: drop it, or start a new run to change it",
+            stacklevel=2,
+        )
     return path, cfg
 
 

@@ -173,17 +173,21 @@ def test_resume_point_of_a_good_run(smoke, tmp_path):
 @pytest.mark.parametrize(
     "overrides, words",
     [
-        (["algorithm.n_group=8"], "so algorithm.n_group=8 would not apply: drop it, or start a new run with it"),
-        (["algorithm=grpo"], "(the algorithm group's settings), so algorithm=grpo would not apply"),
-        (["~optim.lr"], "so ~optim.lr would not apply"),
+        (["algorithm.n_group=8"], "so algorithm.n_group=8 (the run's algorithm.n_group is 4) does not apply"),
+        (["algorithm=grpo"], "so algorithm=grpo (the run's algorithm.name is rapid) does not apply"),
+        (["~optim.lr"], "so ~optim.lr (the run's optim.lr is"),
     ],
 )
-def test_resume_refuses_overrides_that_would_change_the_run(smoke, tmp_path, overrides, words):
+def test_resume_warns_once_of_overrides_that_would_change_the_run(smoke, tmp_path, overrides, words):
     run = resumable_run(smoke, tmp_path)
-    with pytest.raises(ConfigError) as e:
-        checkpoint.resume_point(run, overrides)
-    assert str(e.value).startswith(f"resume={run} continues that run with the config it started with")
-    assert words in str(e.value)
+    with pytest.warns(UserWarning) as w:
+        _, cfg = checkpoint.resume_point(run, overrides)
+    assert len(w) == 1 and str(w[0].message).startswith(f"resume={run} continues that run with the config it")
+    assert words in str(w[0].message), str(w[0].message)
+    assert cfg.algorithm.n_group == smoke.algorithm.n_group and cfg.optim.lr == smoke.optim.lr  # not applied
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the run's own option again: no change, no warning
+        checkpoint.resume_point(run, [f"algorithm={smoke.algorithm.name}", f"sampler={smoke.sampler.name}"])
 
 
 def test_resume_refuses_a_checkpoint_from_another_run(smoke, tmp_path):
