@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+import json
 import netrc
 import os
 import shutil
@@ -42,7 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rapid.config import (
     CONF,
@@ -123,8 +124,10 @@ def check_command_line(
     master = compose(loader, config_name, overrides, multirun=args.multirun)
     check_search_path(master)
     jobs = []
-    for job_overrides in jobs_overrides:
+    for num, job_overrides in enumerate(jobs_overrides):
         cfg = compose(loader, config_name, job_overrides, multirun=False) if args.multirun else master
+        with open_dict(cfg):  # as Hydra's launcher numbers the jobs (a run directory may be named by it)
+            cfg.hydra.job.num = cfg.hydra.job.id = num
         jobs.append(check_job(cfg, job_overrides, world, args.multirun, environ))
     check_run_dirs(jobs)
     return jobs
@@ -292,6 +295,11 @@ def check_search_path(cfg: DictConfig) -> None:
 # ----------------------------------------------------------------------------- one job
 
 
+def one_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return (lines[0] if lines else type(error).__name__).rstrip(".")
+
+
 def job_config(cfg: DictConfig) -> DictConfig:
     """The job's config without hydra.*, every interpolation resolved; one sentence for one that fails."""
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
@@ -321,16 +329,21 @@ def job_config(cfg: DictConfig) -> DictConfig:
 def check_job(cfg: DictConfig, overrides: list[str], world: int, multirun: bool, environ) -> Job:
     """One job's config checked (module docstring): returns it with its run directory."""
     from rapid import checkpoint, tasks
-    from rapid.models import model_facts
 
     hydra_cfg = cfg.hydra
     cfg = job_config(cfg)
     if cfg.get("resume"):
         run_dir = Path(cfg.resume)
-        _, cfg = checkpoint.resume_point(run_dir, [o for o in overrides if not o.startswith("resume=")])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the run names the overrides it ignores, once
+            _, cfg = checkpoint.resume_point(run_dir, [o for o in overrides if not o.startswith("resume=")])
         new = False
     else:
-        run_dir = Path(os.path.join(hydra_cfg.sweep.dir, hydra_cfg.sweep.subdir) if multirun else hydra_cfg.run.dir)
+        try:
+            run_dir = Path(os.path.join(hydra_cfg.sweep.dir, hydra_cfg.sweep.subdir) if multirun else hydra_cfg.run.dir)
+        except Exception as e:
+            key = "hydra.sweep.dir / hydra.sweep.subdir" if multirun else "hydra.run.dir"
+            raise ConfigError(f"{key} cannot be resolved ({one_line(e)}): fix the interpolations in it") from None
         new = True
         check_known_keys(cfg)
     with warnings.catch_warnings():
@@ -340,7 +353,7 @@ def check_job(cfg: DictConfig, overrides: list[str], world: int, multirun: bool,
         else:
             validate(cfg, world)
     check_loss_keys(cfg, overrides)
-    n_params, model_config = model_facts(cfg.model)
+    n_params, model_config = cached_model_facts(json.dumps(OmegaConf.to_container(cfg.model), sort_keys=True))
     check_engine(cfg, model_config)
     task = tasks.get_task(cfg.task.name, cfg.task.module)
     check_task_signatures(task, cfg.task)
@@ -350,6 +363,14 @@ def check_job(cfg: DictConfig, overrides: list[str], world: int, multirun: bool,
         check_new_run_dir(run_dir)
     check_writable(run_dir)
     return Job(list(overrides), cfg, run_dir, estimate_bytes(cfg, n_params))
+
+
+@functools.lru_cache(maxsize=16)
+def cached_model_facts(model_json: str):
+    """rapid.models.model_facts of a `model` config, once per distinct config (the jobs of a sweep share them)."""
+    from rapid.models import model_facts
+
+    return model_facts(OmegaConf.create(json.loads(model_json)))
 
 
 def check_task_signatures(task, task_cfg) -> None:

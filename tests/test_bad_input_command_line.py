@@ -126,6 +126,16 @@ def test_sweeps_are_checked_whole_before_the_first_job(tmp_path, args, words):
     assert refused(["-m", *SMOKE, *args, f"hydra.sweep.dir={tmp_path}"]).startswith(words)
 
 
+def test_run_directories_named_by_job_number_and_broken_ones(tmp_path):
+    jobs = check_command_line(
+        ["-m", *SMOKE, "seed=0,1", f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=${hydra.job.num}"], environ=QUIET
+    )
+    assert [j.run_dir for j in jobs] == [tmp_path / "0", tmp_path / "1"]
+    assert refused([*SMOKE, f"hydra.run.dir={tmp_path}/${{nokey}}"]).startswith(
+        "hydra.run.dir cannot be resolved (Interpolation key 'nokey' not found)"
+    )
+
+
 def test_run_directories_are_checked(tmp_path):
     earlier = tmp_path / "earlier"
     earlier.mkdir()
