@@ -129,10 +129,11 @@ def save_failed_message(run_dir: Path, round_: int, error: Exception) -> str:
 
 def bytes_needed(n_params: int, keep: int, n_checkpoints: int) -> int:
     """Roughly the disk a run's checkpoints take at their peak: fp32 weights (4 bytes a parameter) and
-    AdamW's two fp32 moments (8), for the checkpoints kept plus the one being written, and 64 MiB for
-    the tokenizer, metrics and rollouts."""
-    held = min(keep, n_checkpoints) if keep > 0 else n_checkpoints
-    return 12 * n_params * (held + 1) + 64 * 2**20
+    AdamW's two fp32 moments (8) for each checkpoint on disk at once (the `keep` kept and, while they
+    are there, the one being written; all `n_checkpoints` with keep=0), and 64 MiB for the tokenizer,
+    metrics and rollouts."""
+    held = n_checkpoints if keep <= 0 else min(n_checkpoints, keep + 1)
+    return 12 * n_params * held + 64 * 2**20
 
 
 def latest(run_dir: Path) -> Path | None:

@@ -29,7 +29,9 @@ def refused(argv: list[str], environ=QUIET) -> str:
 def test_the_smoke_config_and_a_sweep_of_it_pass(tmp_path):
     jobs = check_command_line([*SMOKE, f"hydra.run.dir={tmp_path / 'run'}"], environ=QUIET)
     assert [j.run_dir for j in jobs] == [tmp_path / "run"] and jobs[0].cfg.algorithm.H == 2
-    assert jobs[0].bytes > 12 * 80_000  # the tiny model's checkpoints: ~80k parameters, 12 bytes each
+    # the tiny model's 80,512 parameters, 12 bytes each (weights, 2 AdamW moments), in 2 checkpoints at once
+    # (rounds=3, ckpt.every=2, keep=1: round 2's is on disk while round 3's is written), + 64 MiB
+    assert jobs[0].bytes == 12 * 80_512 * 2 + 64 * 2**20
     jobs = check_command_line(
         ["-m", *SMOKE, "seed=0,1", "algorithm.H=1,2", f"hydra.sweep.dir={tmp_path}"], environ=QUIET
     )
@@ -124,6 +126,16 @@ def test_config_files_are_checked(tmp_path, text, words):
 )
 def test_sweeps_are_checked_whole_before_the_first_job(tmp_path, args, words):
     assert refused(["-m", *SMOKE, *args, f"hydra.sweep.dir={tmp_path}"]).startswith(words)
+
+
+def test_the_disk_estimate_counts_the_checkpoints_on_disk_at_once():
+    from rapid.checkpoint import bytes_needed
+
+    mib = 64 * 2**20
+    assert bytes_needed(1000, keep=1, n_checkpoints=1) == 12_000 + mib  # one save, at the end
+    assert bytes_needed(1000, keep=1, n_checkpoints=5) == 24_000 + mib  # the kept one and the one being written
+    assert bytes_needed(1000, keep=3, n_checkpoints=2) == 24_000 + mib
+    assert bytes_needed(1000, keep=0, n_checkpoints=5) == 60_000 + mib  # keep=0 keeps them all
 
 
 def test_run_directories_named_by_job_number_and_broken_ones(tmp_path):
