@@ -109,20 +109,20 @@ def check_command_line(
     loader = config_loader(args, conf)
     config_name = args.config_name or config_name
     overrides = list(args.overrides)
-    parsed = parse_overrides(overrides, loader)
-    check_repeated(parsed)
-    if args.multirun:
-        jobs_overrides = expand_sweep(parsed)
-    else:
-        sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
+    check_repeated(parse_overrides(overrides, loader))
+    if not args.multirun:
+        sweeps = [o.input_line for o in parse_overrides(overrides, loader) if o.is_sweep_override()]
         if sweeps:
             raise ConfigError(
                 f"{sweeps[0]} sweeps over values: add -m (--multirun) to run one job per value, or write a list "
                 "as key=[a,b] or a string as key='a,b'"
             )
-        jobs_overrides = [overrides]
     master = compose(loader, config_name, overrides, multirun=args.multirun)
     check_search_path(master)
+    jobs_overrides = [overrides]
+    if args.multirun:  # as Hydra's basic sweeper: hydra.sweeper.params first, then the command line's
+        params = OmegaConf.select(master, "hydra.sweeper.params", default=None) or {}
+        jobs_overrides = expand_sweep(parse_overrides([f"{k}={v}" for k, v in params.items()] + overrides, loader))
     jobs = []
     for num, job_overrides in enumerate(jobs_overrides):
         cfg = compose(loader, config_name, job_overrides, multirun=False) if args.multirun else master

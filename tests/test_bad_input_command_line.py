@@ -244,3 +244,14 @@ def test_refusals_end_to_end(tmp_path):
         assert len(lines) == 1 and cases[name][1] in lines[0], err[-2000:]
         assert "Traceback" not in out + err and "rapid:" not in out
         assert not run.exists(), name
+
+
+def test_a_sweep_set_in_a_config_file_is_checked_too(tmp_path):
+    """hydra.sweeper.params of a config file are swept before the command line's, as Hydra does."""
+    head = "defaults:\n  - config\n  - _self_\nhydra:\n  sweeper:\n    params:\n      seed: 0,1\n"
+    (tmp_path / "sweep.yaml").write_text(head)
+    (tmp_path / "bad_sweep.yaml").write_text(head + "      algorithm.eta: 2,0.5\n")
+    args = ["-m", f"--config-dir={tmp_path}", *SMOKE, f"hydra.sweep.dir={tmp_path / 'runs'}"]
+    jobs = check_command_line([*args, "--config-name=sweep", "algorithm.H=1,2"], environ=QUIET)
+    assert sorted((j.cfg.seed, j.cfg.algorithm.H) for j in jobs) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert refused([*args, "--config-name=bad_sweep"]).startswith("algorithm.eta=0.5 must be a finite number >= 1")
