@@ -252,6 +252,6 @@ def test_a_sweep_set_in_a_config_file_is_checked_too(tmp_path):
     (tmp_path / "sweep.yaml").write_text(head)
     (tmp_path / "bad_sweep.yaml").write_text(head + "      algorithm.eta: 2,0.5\n")
     args = ["-m", f"--config-dir={tmp_path}", *SMOKE, f"hydra.sweep.dir={tmp_path / 'runs'}"]
-    jobs = check_command_line([*args, "--config-name=sweep", "algorithm.H=1,2"], environ=QUIET)
+    jobs = check_command_line(["--config-name=sweep", *args, "algorithm.H=1,2"], environ=QUIET)
     assert sorted((j.cfg.seed, j.cfg.algorithm.H) for j in jobs) == [(0, 1), (0, 2), (1, 1), (1, 2)]
-    assert refused([*args, "--config-name=bad_sweep"]).startswith("algorithm.eta=0.5 must be a finite number >= 1")
+    assert refused(["--config-name=bad_sweep", *args]).startswith("algorithm.eta=0.5 must be a finite number >= 1")
