@@ -75,6 +75,8 @@ def load_model_and_tokenizer(
         problem = folder_problem(source) if is_local(source) else None
         if problem:
             raise ModelLoadError(problem)
+        if is_local(source):
+            source = str(Path(source).expanduser())  # transformers reads ~ as part of a Hub id
         try:
             tokenizer = AutoTokenizer.from_pretrained(source)
             model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)

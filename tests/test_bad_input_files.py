@@ -246,6 +246,16 @@ def test_empty_questions_and_prompts_beyond_the_context_are_refused():
         check_context("t", "training", [[1] * 501, [1] * 10], max_new_tokens=12, context=512)
 
 
+@pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="reads /proc/self/mem, which fails on read (Linux)")
+def test_a_data_file_that_cannot_be_read_is_named():
+    _, tokenizer = tiny_model()
+    cfg = OmegaConf.create({"name": "gsm8k", "module": None, "data_path": "/proc/self/mem", "use_chat_template": False})
+    with pytest.raises(
+        ConfigError, match=r"^rapid.tasks.gsm8k.load could not read /proc/self/mem \(Input/output error\)"
+    ):
+        load_splits(cfg, tokenizer)
+
+
 # ----------------------------------------------------------------------------- task plugins
 
 PLUGINS = {

@@ -109,7 +109,8 @@ def call_task(task: ModuleType, name: str, args: tuple, cfg: dict):
         raise
     except OSError as e:
         raise ConfigError(
-            f"{label} could not read {e.filename or 'its data'} ({e.strerror or type(e).__name__}): check the path "
+            f"{label} could not read {e.filename or cfg.get('data_path') or 'its data'} "
+            f"({e.strerror or type(e).__name__}): check the path "
             "(task.data_path) and that this user may read it"
         ) from None
     except Exception as e:
