@@ -98,7 +98,13 @@ def check_command_line(
     from hydra._internal.utils import get_args_parser
 
     environ = os.environ if environ is None else environ
-    args = get_args_parser().parse_args(argv)
+    parser = get_args_parser()
+
+    def refuse(message: str):
+        raise ConfigError(f"the command line cannot be read ({message}): see python -m rapid.train --help")
+
+    parser.error = refuse  # argparse would print its usage and exit
+    args = parser.parse_args(argv)
     if any(getattr(args, flag, None) for flag in SHOW_ONLY):
         return []
     register_resolvers()

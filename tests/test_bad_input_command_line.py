@@ -78,6 +78,7 @@ def test_a_setting_the_loss_ignores_is_refused_when_given():
     [
         (["algorithm.H=[1"], "the override 'algorithm.H=[1' is not valid Hydra syntax"),
         (["seed"], "the override 'seed' is not valid Hydra syntax (it has no '='"),
+        (["--config-nme=x"], "the command line cannot be read (unrecognized arguments: --config-nme=x)"),
         (["seed=1", "seed=2"], "seed is given twice (seed=1 and seed=2): keep one"),
         (["seed=0,1"], "seed=0,1 sweeps over values: add -m (--multirun)"),
         (["model=nope"], "In 'config': Could not find 'model/nope': choose one of gemma3_1b"),
