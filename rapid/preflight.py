@@ -135,7 +135,7 @@ def check_command_line(
         with open_dict(cfg):  # as Hydra's launcher numbers the jobs (a run directory may be named by it)
             cfg.hydra.job.num = cfg.hydra.job.id = num
         jobs.append(check_job(cfg, job_overrides, world, args.multirun, environ))
-    check_run_dirs(jobs)
+    check_run_dirs(jobs, disk=int(environ.get("RANK", 0)) == 0)
     return jobs
 
 
@@ -365,9 +365,10 @@ def check_job(cfg: DictConfig, overrides: list[str], world: int, multirun: bool,
     check_task_signatures(task, cfg.task)
     if cfg.logger.get("wandb"):
         check_wandb(environ)
-    if new:
-        check_new_run_dir(run_dir)
-    check_writable(run_dir)
+    if int(environ.get("RANK", 0)) == 0:  # under torchrun, rank 0 owns the directory (the others may find its files)
+        if new:
+            check_new_run_dir(run_dir)
+        check_writable(run_dir)
     return Job(list(overrides), cfg, run_dir, estimate_bytes(cfg, n_params))
 
 
@@ -438,8 +439,9 @@ def check_writable(run_dir: Path) -> None:
         ) from None
 
 
-def check_run_dirs(jobs: list[Job]) -> None:
-    """No two jobs share a run directory; the disk under them holds roughly what their checkpoints need."""
+def check_run_dirs(jobs: list[Job], disk: bool = True) -> None:
+    """No two jobs share a run directory; the disk under them holds roughly what their checkpoints need
+    (when `disk`: on rank 0, which writes the checkpoints)."""
     seen: dict[str, Job] = {}
     shown = lambda job: " ".join(o for o in job.overrides if not o.startswith("hydra.")) or "(no overrides)"
     for job in jobs:
@@ -453,7 +455,7 @@ def check_run_dirs(jobs: list[Job]) -> None:
             )
         seen[key] = job
     needs: dict[int, tuple[Path, int]] = {}
-    for job in jobs:
+    for job in jobs if disk else []:
         base = first_existing(job.run_dir)
         device = base.stat().st_dev
         needs[device] = (base, needs.get(device, (base, 0))[1] + job.bytes)

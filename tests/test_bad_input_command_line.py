@@ -154,6 +154,10 @@ def test_run_directories_are_checked(tmp_path):
     earlier.mkdir()
     (earlier / "metrics.jsonl").write_text("{}\n")
     assert f"resume={earlier}" in refused([*SMOKE, f"hydra.run.dir={earlier}"])
+    # under torchrun the directory is rank 0's: rank 1 may find the files rank 0 has begun to write
+    torchrun = {"WORLD_SIZE": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500", **QUIET}
+    check_command_line([*SMOKE, f"hydra.run.dir={earlier}"], environ={**torchrun, "RANK": "1"})
+    assert f"resume={earlier}" in refused([*SMOKE, f"hydra.run.dir={earlier}"], {**torchrun, "RANK": "0"})
     (tmp_path / "file").write_text("")
     assert refused([*SMOKE, f"hydra.run.dir={tmp_path / 'file'}"]).endswith("is a file: choose another hydra.run.dir")
     assert refused([*SMOKE, f"hydra.run.dir={tmp_path / 'file' / 'run'}"]).startswith("the run directory")
