@@ -42,10 +42,9 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from rapid import adaptive_h, checkpoint, distributed, estimators
+from rapid import adaptive_h, checkpoint, distributed, estimators, preflight
 from rapid.buffer import ReplayBuffer, Rollout, dynamic_sampling, rank_share, trim_to_minibatches
 from rapid.config import (
-    ConfigError,
     check_known_keys,
     check_new_run_dir,
     exit_on_config_error,
@@ -250,6 +249,7 @@ def eval_and_log(
     return row
 
 
+@preflight.checked("config")  # every job's config, before Hydra makes a directory (rapid/preflight.py)
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
 @exit_on_config_error
 def main(cfg: DictConfig) -> dict | None:
@@ -265,18 +265,10 @@ def train(cfg: DictConfig) -> dict:
     # ---------------------------------------------------------------- setup
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     resume_from = None
-    if cfg.resume:
+    if cfg.resume:  # the run continues with the config it started with (rapid/checkpoint.py)
         run_dir = Path(cfg.resume)
-        resume_from = checkpoint.latest(run_dir)
-        if resume_from is None:
-            raise ConfigError(
-                f"resume={cfg.resume} holds no readable checkpoint (checkpoints/round_*/state.pt): "
-                "point it at the directory of a run that saved one"
-            )
-        ignored = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
-        if ignored:
-            print0(f"resume continues with the run's saved config; ignoring {' '.join(ignored)}")
-        cfg = checkpoint.load_config(resume_from)  # the run continues with the config it started with
+        overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
+        resume_from, cfg = checkpoint.resume_point(run_dir, overrides)
     else:  # a new run: every key known (rapid/config.py)
         check_known_keys(cfg)
     rank, world, device = distributed.init(cfg.device)
@@ -292,7 +284,8 @@ def train(cfg: DictConfig) -> dict:
         cfg.model.path, cfg.model.gguf, cfg.model.architecture, cfg.model.gradient_checkpointing, seed=cfg.seed
     )
     model.to(device)
-    task, train_records, train_prompts, eval_records, eval_prompts = load_splits(t, tokenizer, cfg.eval.n)
+    context = getattr(model.config, "max_position_embeddings", None)  # prompts + completions must fit
+    task, train_records, train_prompts, eval_records, eval_prompts = load_splits(t, tokenizer, cfg.eval.n, context)
     cfg.rounds, cfg.samples = run_length(cfg, len(train_records))  # rounds is None with H=auto
     if distributed.is_main():
         write_run_files(run_dir, cfg, device, "meta_resume.json" if resume_from else "meta.json", world_size=world)
