@@ -35,11 +35,12 @@ def git_commit() -> str | None:
 
 def write_run_files(run_dir: Path, cfg, device, meta_name: str = "meta.json", **extra) -> None:
     """<run_dir>/config.yaml (the resolved config) and <run_dir>/<meta_name>: the commit, command line,
-    device, torch version and CPU of the run, and `extra`."""
+    device, torch version and CPU of the run, how busy the machine was at its start (`calibration`:
+    rapid.profiling.calibrate), and `extra`."""
     import torch
     from omegaconf import OmegaConf
 
-    from rapid.profiling import cpu_description
+    from rapid.profiling import calibrate, cpu_description
 
     run_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
@@ -49,6 +50,7 @@ def write_run_files(run_dir: Path, cfg, device, meta_name: str = "meta.json", **
         "device": str(device),
         "torch": torch.__version__,
         "cpu": cpu_description(),
+        "calibration": calibrate(),
         **extra,
     }
     (run_dir / meta_name).write_text(json.dumps(meta, indent=2))
@@ -149,7 +151,7 @@ def round_metrics(
 
     keys = dict.fromkeys(k for s in steps for k in s)
     loss_keys = [k for k in keys if k not in ("iw_max", "token_logp_gap", "grad_norm", "lr", "records")]
-    gap = steps[0].get("token_logp_gap") if mismatch is None else mismatch
+    gap = steps[0].get("token_logp_gap") if mismatch is None and steps else mismatch  # DAPO may end with no step
     sums = distributed.all_reduce_sum_dict(
         {
             "records": len(rollouts),
@@ -176,8 +178,7 @@ def round_metrics(
             for k in sorted(loss_keys)
             if (v := step_means(sums, len(steps), k, world)) is not None
         },
-        "train/grad_norm": steps[-1]["grad_norm"],
-        "train/lr": steps[-1]["lr"],
+        **({"train/grad_norm": steps[-1]["grad_norm"], "train/lr": steps[-1]["lr"]} if steps else {}),
     }
     if "iw_max" in keys:
         mine = max((s["iw_max"] for s in steps if "iw_max" in s and s.get("records", 1) > 0), default=-math.inf)
@@ -243,6 +244,7 @@ def summarize(rows: list[dict], final: dict) -> dict:
         "eval/accuracy_before": evals[0]["eval/accuracy"] if evals and evals[0]["round"] == 0 else None,
         "eval/accuracy_after": final["eval/accuracy"],
         "unused_samples": sum(r.get("algorithm/unused_samples", 0) for r in train_rows),
+        "optimizer_steps": sum(r.get("train/optimizer_steps", 0) for r in train_rows),
         "time/rounds_s_total": sum(r["time/round_s"] for r in train_rows),
         **{f"time/{p}_s_total": sum(r[f"time/{p}_s"] for r in train_rows) for p in (*PHASES, "other")},
         **{  # over the rounds that trained on records (paper Table 3; a round of zero advantages runs none)
