@@ -87,6 +87,7 @@ from rapid.policy import (
     completion_logprobs,
     recompute_behavior_logprobs,
     token_logprobs,
+    token_mean_stats,
 )
 from rapid.profiling import PhaseClock, calibrate
 from rapid.rewards import score, self_test
@@ -363,6 +364,7 @@ def train(cfg: DictConfig) -> dict:
         )
 
     skip_groups = skipped_groups(cfg)  # groups whose advantages are all 0 are not run
+    token_stats = token_mean_stats(estimator.level, a.engine_correction)  # combined over tokens, not records
     spanning = a.n_step % (a.n_group * world) != 0  # a group spans ranks (rapid/policy.py)
     guard = StepGuard(o.max_nonfinite_steps, device)  # non-finite loss or gradient: step skipped
 
@@ -463,6 +465,7 @@ def train(cfg: DictConfig) -> dict:
                     compute_dtype=compute_dtype,
                     skip_groups=skip_groups,
                     spanning=spanning,
+                    token_stats=token_stats,
                 )
                 if "w_bar_mean" in stats:  # IW-GRPG: the ESS of the records trained on, over all ranks
                     n = stats["records"]  # 0 for a DDP placeholder group
@@ -503,6 +506,7 @@ def train(cfg: DictConfig) -> dict:
             world,
             device,
             dropped,
+            token_stats,
         )
         if a.dynamic_sampling:
             row["train/sampling_batches"] = batches  # DAPO: draws of (at most) H * n_step prompts' samples
