@@ -809,6 +809,9 @@ def test_baselines_run_in_the_same_loop(tmp_path, algorithm, keys):
     if algorithm == "dapo":  # dynamic sampling's extra draws count against the 6 rounds' 96 samples, and stop there
         assert rows[-1]["samples"] == 96 and 1 <= len(rows) <= 6
         assert sum(r["train/optimizer_steps"] for r in rows) <= 6
+        summary = json.loads((run / "summary.json").read_text())  # both budgets, and how busy the machine was
+        assert summary["optimizer_steps"] == sum(r["train/optimizer_steps"] for r in rows)
+        assert summary["calibration"]["matmul_s"] > 0
     else:
         assert len(rows) == 6 and rows[-1]["samples"] == 96
     for key in keys:  # a DAPO round that spent the budget before a minibatch was found trains no step
