@@ -102,6 +102,7 @@ def is_timing(key: str) -> bool:
         "sampler/tokens_per_s",
         "algorithm/gen_alpha_s",
         "algorithm/predicted_s_per_sample",
+        "calibration",  # the machine's speed and load at the run's end (rapid.profiling.calibrate)
     )
 
 
