@@ -43,7 +43,15 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from rapid import adaptive_h, checkpoint, distributed, estimators, preflight
-from rapid.buffer import ReplayBuffer, Rollout, dynamic_sampling, rank_share, trim_to_minibatches
+from rapid.buffer import (
+    ReplayBuffer,
+    Rollout,
+    dynamic_sampling,
+    rank_share,
+    schedule_positions,
+    set_schedule_position,
+    trim_to_minibatches,
+)
 from rapid.config import (
     check_known_keys,
     check_new_run_dir,
@@ -78,8 +86,9 @@ from rapid.policy import (
     completion_logprobs,
     recompute_behavior_logprobs,
     token_logprobs,
+    token_mean_stats,
 )
-from rapid.profiling import PhaseClock
+from rapid.profiling import PhaseClock, calibrate
 from rapid.rewards import score, self_test
 from rapid.sampler import make_sampler, sequence_budget
 from rapid.seeding import BUFFER_STREAM, ENGINE_STREAM, EVAL_STREAM, PROMPT_STREAM, SAMPLE_STREAM, derive_seed
@@ -160,15 +169,17 @@ def sample_and_score(
     *,
     rank: int,
     world: int,
+    take: int | None = None,
 ) -> tuple[list[Rollout], int]:
     """Algorithm 1's steps 1-3 on this rank: the stream's next `n_prompts` training problems (over all
     ranks; this rank takes every world-th), n_group completions each with μ = π_θ, seeds from (round,
     prompt, sample), scored (a crashed or timed-out checker scores 0 and is counted). Returns the
     rollouts, with DAPO's overlong penalty in their reward, and the failures. `attempt` > 0: DAPO's
-    dynamic sampling drawing more prompts for the same round (their positions follow the first's)."""
+    dynamic sampling drawing more prompts for the same round (their positions follow the first's), `take`
+    of them where fewer than `n_prompts` (the run's last samples)."""
     a, t = cfg.algorithm, cfg.task
-    taken = stream.take(n_prompts)
-    positions = list(range(rank, n_prompts, world))
+    taken = stream.take(take or n_prompts)
+    positions = list(range(rank, take or n_prompts, world))
     indices = [taken[p] for p in positions]
     positions = [attempt * n_prompts + p for p in positions]
     seeds = [derive_seed(cfg.seed, SAMPLE_STREAM, round_, p) for p in positions]
@@ -346,6 +357,7 @@ def train(cfg: DictConfig) -> dict:
         )
 
     skip_groups = skipped_groups(cfg)  # groups whose advantages are all 0 are not run
+    token_stats = token_mean_stats(estimator.level, a.engine_correction)  # combined over tokens, not records
     spanning = a.n_step % (a.n_group * world) != 0  # a group spans ranks (rapid/policy.py)
     guard = StepGuard(o.max_nonfinite_steps, device)  # non-finite loss or gradient: step skipped
 
@@ -390,19 +402,22 @@ def train(cfg: DictConfig) -> dict:
         clock = PhaseClock(device)
         # 1-3. prompts X_t (the round's n_inference / n_group), sampled with μ = π_θ and scored
         rollouts, failed = sample(round_, 0, n_prompts, clock)
-        dropped, batches = None, 1
-        if a.dynamic_sampling:  # DAPO: drop all-equal groups, sample more prompts until full
-            more = lambda attempt: sample(round_, attempt, n_prompts, clock)  # DAPO's next prompts, same round
+        dropped, batches, generated = None, 1, H * a.n_step
+        if a.dynamic_sampling:  # DAPO: drop all-equal groups, sample more prompts until full or the budget is spent
+            more = lambda attempt, k: sample(round_, attempt, n_prompts, clock, take=k)  # next prompts, same round
             target = len(range(rank, n_prompts, world)) * a.n_group  # this rank's records
-            rollouts, failed, dropped, batches = dynamic_sampling(
-                rollouts, failed, more, a.dynamic_sampling_tries, target, a.n_step // world, device, trim=not spanning
-            )
+            rollouts, failed, dropped, batches, generated = dynamic_sampling(
+                rollouts, failed, more, a.dynamic_sampling_tries, target, a.n_step // world, device,
+                draw=n_prompts, n_group=a.n_group, budget=cfg.samples - samples_done, world=world, trim=not spanning,
+            )  # fmt: skip
         # 4. Z_t, served as group-aligned minibatches (n_step records over all ranks), once per pass
         buffer.clear()
         if spanning:  # groups span ranks: every rank holds the whole round (group ids are prompt positions)
             every = gather_round(rollouts, world)
             if a.dynamic_sampling:
-                every = trim_to_minibatches(every, a.n_step, n_prompts * a.n_group, device)
+                every = trim_to_minibatches(
+                    every, a.n_step, n_prompts * a.n_group, device, samples_done + generated >= cfg.samples
+                )
                 rollouts = [r for r in every if r.group_id % n_prompts % world == rank]  # this rank's, kept
             buffer.add(every)
         else:
@@ -428,8 +443,11 @@ def train(cfg: DictConfig) -> dict:
             sampler.sleep()
         # 5. H gradient steps
         steps, ess = [], []
+        todo = [mb for minibatches in passes for mb in minibatches]
+        # the lr schedule follows the samples generated: this round's share spread over the steps it takes
+        positions = schedule_positions(samples_done, generated, len(todo), a.n_step, a.num_iterations)
         with clock.phase("train"):
-            for minibatch in [mb for minibatches in passes for mb in minibatches]:
+            for minibatch in todo:
                 stats = accumulate_gradients(
                     policy,
                     minibatch,
@@ -440,6 +458,7 @@ def train(cfg: DictConfig) -> dict:
                     compute_dtype=compute_dtype,
                     skip_groups=skip_groups,
                     spanning=spanning,
+                    token_stats=token_stats,
                 )
                 if "w_bar_mean" in stats:  # IW-GRPG: the ESS of the records trained on, over all ranks
                     n = stats["records"]  # 0 for a DDP placeholder group
@@ -454,13 +473,12 @@ def train(cfg: DictConfig) -> dict:
                 stats["lr"] = scheduler.get_last_lr()[0]
                 if guard.ok(stats["loss"], stats["grad_norm"], step=scheduler.last_epoch):  # else skipped
                     optimizer.step()
-                scheduler.step()
+                set_schedule_position(scheduler, positions[len(steps) + 1])
                 optimizer.zero_grad(set_to_none=True)
                 steps.append(stats)
-        generated = H * a.n_step * batches  # DAPO's extra batches count: samples are what the engine generated
-        for _ in range(generated // a.n_step * a.num_iterations - len(steps)):  # the lr schedule runs over
-            scheduler.step()  # samples generated: steps not taken (an early stop, DAPO's trimming) advance it
-        samples_done += generated
+        if scheduler.last_epoch != positions[-1]:  # an early stop (H=auto): the round's samples are spent
+            set_schedule_position(scheduler, positions[-1])
+        samples_done += generated  # DAPO's extra draws count: samples are what the engine generated
         # 6. the new weights go to the sampler, in place
         with clock.phase("sync"):
             sampler.sync_weights(model)
@@ -481,9 +499,11 @@ def train(cfg: DictConfig) -> dict:
             world,
             device,
             dropped,
+            token_stats,
         )
         if a.dynamic_sampling:
-            row["train/sampling_batches"] = batches  # DAPO: batches of H * n_step prompts' samples generated
+            row["train/sampling_batches"] = batches  # DAPO: draws of (at most) H * n_step prompts' samples
+        row["train/optimizer_steps"] = len(steps)  # with `samples`, the two budgets a comparison can count
         if auto_h:  # the next round's H, from this round's weights and phase times (averaged over ranks)
             h_state, h_log = adaptive_h.end_round(h_state, auto_h, H, ess, len(steps), row, world, device)
             row |= h_log
@@ -532,6 +552,7 @@ def train(cfg: DictConfig) -> dict:
         "algorithm": a.name,
         "time/total_s": time.perf_counter() - t_start,
         **summarize(logger.rows() if distributed.is_main() else [], final),
+        "calibration": calibrate(),  # the machine's speed at the end (meta.json: at the start)
     }
     if distributed.is_main():
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
