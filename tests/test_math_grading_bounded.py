@@ -45,7 +45,7 @@ def test_long_adversarial_answers_are_graded_in_bounded_time(shape):
     answer = SHAPES[shape]
     start = time.perf_counter()
     task.normalize(answer)
-    task.split_items(task.normalize(answer))
+    task.read_values(task.normalize(answer))
     assert task.reward(f"\\boxed{{{answer}}}", {"answer": "5", "grading": {"timeout_s": 5.0}}) == 0.0
     task.is_equiv(answer[: task.MAX_ANSWER_CHARS], "5", 5.0)  # under the cap: every rule runs
     parse_number(answer)

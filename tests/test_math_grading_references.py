@@ -46,7 +46,8 @@ def test_every_reference_answer_scores_in_another_spelling(records):
     assert wrong == []
     reversed_lists = []
     for r in records:
-        items, _ = task._gold_items(task.normalize(r["answer"]), r["problem"])
+        values, _ = task._gold_values(task.normalize(r["answer"]), r["problem"])
+        items = [v.text + (f"\\text{{ {v.unit}}}" if v.unit else "") for v in values]
         if len(items) > 1 and task._UNORDERED.search(r["problem"]) and not task._ORDERED.search(r["problem"]):
             reversed_lists.append((r, ", ".join(reversed(items))))
     assert len(reversed_lists) > 100
