@@ -397,7 +397,8 @@ def _text_equal(p: str, g: str, problem: str) -> bool:
     pw, gw = unwrap_text(p).strip(), unwrap_text(g).strip()
     if not _PROSE.fullmatch(pw) or "\\" in pw:
         return False
-    preds, golds = [x.strip() for x in re.split(r"[,;]", pw)], [x.strip() for x in re.split(r"[,;]", gw)]
+    preds = [x.strip().removesuffix(".").strip() for x in re.split(r"[,;]", pw)]
+    golds = [x.strip().removesuffix(".").strip() for x in re.split(r"[,;]", gw)]
     if len(preds) != len(golds) or not all(preds):
         return False
 

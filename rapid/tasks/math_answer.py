@@ -361,7 +361,7 @@ class _Parser:
         """A superscript, subscript or argument: {sum} or one token (one digit, letter or constant)."""
         if self.at("{"):
             self.take("{")
-            inner = self.value()
+            inner = self.side()
             self.take("}")
             return inner
         tok = self.take()
@@ -427,7 +427,7 @@ class _Parser:
         elif v == "(" or v == "[":
             node = self.bracketed(v)
         elif v == "{":
-            node = self.value()
+            node = self.side()
             self.take("}")
         elif v == "|":
             node = ("abs", self.sum())
@@ -456,10 +456,10 @@ class _Parser:
         return tok.value
 
     def bracketed(self, open_: str):
-        items = [self.value()]
+        items = [self.side()]
         while self.at(","):
             self.take()
-            items.append(self.value())
+            items.append(self.side())
         close = self.take().value
         if close not in (")", "]"):
             raise Unreadable("bracket")
@@ -491,10 +491,10 @@ class _Parser:
             self.take("\\r" + name[1:])
             return (name[1:], inner)
         if name == "{":
-            items = [] if self.at("\\}") else [self.value()]
+            items = [] if self.at("\\}") else [self.side()]
             while self.at(","):
                 self.take()
-                items.append(self.value())
+                items.append(self.side())
             self.take("\\}")
             return ("set", tuple(items))
         if name in ("overline", "angle", "triangle"):
@@ -504,10 +504,10 @@ class _Parser:
             return self.function(name)
         if name in _APPLIED:
             self.take("(")
-            args = [self.value()]
+            args = [self.side()]
             while self.at(","):
                 self.take()
-                args.append(self.value())
+                args.append(self.side())
             self.take(")")
             return ("apply", name, tuple(args))
         if name == "begin":
@@ -523,7 +523,7 @@ class _Parser:
     def group_required(self):
         if self.at("{"):
             self.take()
-            inner = self.value()
+            inner = self.side()
             self.take("}")
             return inner
         return self.group()
@@ -538,7 +538,7 @@ class _Parser:
             power = self.group()
         if self.at("("):  # \sin(x)
             self.take()
-            arg = self.value()
+            arg = self.side()
             self.take(")")
         else:  # \sin 3x, \tan \frac{x}{2}: a product of factors, up to the next operator or function
             arg = self.power()
@@ -558,18 +558,18 @@ class _Parser:
         if env.value not in ("pmatrix", "bmatrix", "matrix"):
             raise Unreadable("environment")
         self.take("}")
-        rows, row = [], [self.value()]
+        rows, row = [], [self.side()]
         while True:
             if self.at("&"):
                 self.take()
-                row.append(self.value())
+                row.append(self.side())
             elif self.at("\\\\"):
                 self.take()
                 rows.append(tuple(row))
                 if self.at("\\end"):
                     row = None
                     break
-                row = [self.value()]
+                row = [self.side()]
             else:
                 break
         if row is not None:
@@ -626,6 +626,8 @@ def exact(node) -> Fraction | None:
         return _rational_power(base, exponent)
     if kind == "root":
         index = Fraction(2) if node[1] is None else exact(node[1])
+        if index is not None and abs(index) > MAX_EXPONENT:
+            raise TooLarge("root")
         radicand = exact(node[2])
         if index is None or radicand is None or index.denominator != 1 or index < 2:
             return None
@@ -665,13 +667,18 @@ def _exact_root(x: Fraction, q: int) -> Fraction | None:
 
 
 def _integer_root(n: int, q: int) -> int | None:
-    r = round(n ** (1 / q)) if n.bit_length() < 1000 else None
-    if r is None:
+    """The integer q-th root of n >= 0 if n is a perfect q-th power, by Newton's method on integers
+    (q above n's bit length leaves only 0 and 1, so no power as large as 2^q is ever formed)."""
+    if n < 2:
+        return n
+    if q >= n.bit_length():
         return None
-    for c in (r - 1, r, r + 1):
-        if c >= 0 and c**q == n:
-            return c
-    return None
+    x = 1 << -(-n.bit_length() // q)  # above the root
+    while True:
+        y = ((q - 1) * x + n // x ** (q - 1)) // q
+        if y >= x:
+            return x if x**q == n else None
+        x = y
 
 
 def check_size(node) -> None:
