@@ -170,8 +170,13 @@ def is_equiv(pred: str, gold: str, timeout_s: float = 5.0, problem: str = "") ->
     if _is_text_answer(g):  # rule 2
         return _text_equal(p, g, problem)
     if "\\approx" in g:  # a gold `\approx 8.24` or `\frac23 \approx 0.67`: either side, approximated or not
-        p = p.removeprefix("\\approx").strip()
-        return any(is_equiv(p, side.strip(), timeout_s, problem) for side in g.split("\\approx") if side.strip())
+        g_sides = [side.strip() for side in g.split("\\approx") if side.strip()]
+        p_sides = [side.strip() for side in p.split("\\approx") if side.strip()]
+        if len(p_sides) > 1:  # the gold's statement restated: side by side
+            return len(p_sides) == len(g_sides) and all(
+                is_equiv(a, b, timeout_s, problem) for a, b in zip(p_sides, g_sides)
+            )
+        return len(p_sides) == 1 and any(is_equiv(p_sides[0], side, timeout_s, problem) for side in g_sides)
     golds, grouped = _gold_values(g, problem)
     preds = read_values(p, grouped)
     if not golds or not preds:
@@ -344,7 +349,8 @@ _MAGNITUDES = frozenset(
 
 def _unit_key(unit: str, dollar: bool) -> tuple[str, ...]:
     """A unit as sorted canonical words: `\\text{ square inches}`, `in^2` and `sq. in` are one unit."""
-    words = [w.lower() for w in re.findall(r"[A-Za-z]+|\^[23]", unit)]
+    unit = re.sub(r"\b([ap])\.? ?m\b\.?", r"\1m", unit.lower())  # a time of day: p.m., pm
+    words = re.findall(r"[a-z]+|\^[23]", unit)
     out = []
     for w in words:
         w = _CANONICAL_UNITS.get(w, w)
@@ -369,10 +375,9 @@ def _asked_units(problem: str) -> set[str]:
 def _unit_allowed(p: Value, g: Value, problem: str) -> bool:
     """A value may carry no unit, the gold's unit, or (where the gold has none) the unit the question asks
     for; any other text scores 0."""
-    pu = _unit_key(p.unit, p.dollar)
+    pu, gu = _unit_key(p.unit, p.dollar), _unit_key(g.unit, g.dollar)
     if not pu:
         return True
-    gu = _unit_key(g.unit, g.dollar)
     if gu:
         return pu == gu  # another unit than the gold's: 0
     return set(pu) <= _asked_units(problem)

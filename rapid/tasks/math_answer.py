@@ -54,7 +54,7 @@ def normalize(answer: str) -> str:
     and no symbol of it is dropped."""
     s = answer.replace("\u2212", "-").replace("~", " ")
     s = re.sub(r"\s+", " ", s).strip()
-    s = re.sub(r"(?<=[0-9])(?:\{,\}|,\s?\\!\s?|\\,)(?=[0-9]{3}(?![0-9]))", "", s)  # 1{,}000, 10,\!080, 10\,000
+    s = re.sub(r"(?<=[0-9])(?:\{ ?, ?\}|,\s?\\!\s?|\\,)(?=[0-9]{3}(?![0-9]))", "", s)  # 1{,}000, 10,\!080, 10\,000
     s = s.replace("\\!", "")
     s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
     s = re.sub(r"\\[dt]binom(?![a-zA-Z])", r"\\binom", s)
