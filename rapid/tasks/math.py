@@ -251,7 +251,7 @@ def _gold_values(gold: str, problem: str) -> tuple[list[Value] | None, bool]:
 
 
 # --- rules 4-6: one value against another -----------------------------------------------------------
-_NUMERAL = re.compile(r"([0-9A-Z]+)_\{?([0-9]+)\}?")  # 1011_2: a numeral in a base
+_NUMERAL = re.compile(r"(-?[0-9A-Z]+(?:\.[0-9A-Z]+)?)_\{?([0-9]+)\}?")  # 1011_2: a numeral in a base
 _GREEK = r"\\(?:alpha|beta|gamma|delta|theta|phi|lambda|mu|omega|rho|sigma|tau)"
 _NAME = re.compile(
     rf"(?:[A-Za-z]|{_GREEK})(?:_\{{?\w+\}}?)?'*(?:\([^()=]*\))?|[A-Z]{{2,3}}|\\angle ?[A-Z]{{1,3}}|m\\angle ?[A-Z]{{1,3}}"
@@ -279,6 +279,12 @@ def _value_equal(p: Value, g: Value, timeout_s: float, problem: str) -> bool:
 
 def _tree_equal(pt, gt, timeout_s: float, problem: str) -> bool:
     """Rule 6: an equation names what it gives; a chain of equalities is true throughout."""
+    if "ratio" in (pt[0], gt[0]):  # 3:5 against 3:5, part by part
+        return (
+            pt[0] == gt[0]
+            and len(pt[1]) == len(gt[1])
+            and all(_expr_equal(a, b, timeout_s) for a, b in zip(pt[1], gt[1]))
+        )
     g_name = g_value = None
     if gt[0] == "rel":
         sides, ops, texts = gt[1], gt[2], gt[3]

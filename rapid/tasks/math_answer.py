@@ -9,14 +9,15 @@ takes a leading `\\$` and trailing text (`\\text{ cm}`, `cm^2`, a percent or deg
 its unit; the caller decides whether that unit is allowed. `parse` reads what is left by the grammar below
 and returns a tree, or None when any token is left over or out of place:
 
-    value    := side (relation side)*            relation: = < > \\le \\ge \\ne \\in
+    value    := side (relation side)* | side (: side)+      relation: = < > \\le \\ge \\ne \\in; 3:5 a ratio
     side     := sum ((\\cup | \\cap | \\setminus) sum)*
     sum      := [+|-] term ((+|-) term)*
     term     := factor ((* | \\cdot | \\times | / | \\div) factor | factor)*   juxtaposition: no two numbers
     factor   := [+|-] factor | power
     power    := postfix [^ group]                 postfix: primary [!]
     primary  := number | mixed number | letter [_ sub] | \\frac{}{} | \\sqrt[n]{} | \\binom{}{} | function
-              | ( list ) | [ list ] | { sum } | \\{ list \\} | |sum| | \\lfloor sum \\rfloor | matrix | constant
+              | ( sides ) | [ sides ] | { side } | \\{ sides \\} | |sum| | \\lfloor sum \\rfloor | matrix | constant
+    (inside brackets, braces, arguments and matrices a side: never a relation such as `(x = 4)`)
 
 Every tree is rendered back to LaTeX by `render` from a small set of constructs that math-verify reads
 completely, so nothing the grammar did not read reaches the symbolic check; `exact` evaluates a tree
@@ -290,6 +291,11 @@ class _Parser:
         start = self.pos
         sides.append(self.side())
         texts.append(source(self.t[start : self.pos]))
+        if self.at(":"):  # a ratio or a time of day, 3:5, 4:51:06: its parts in order
+            while self.at(":"):
+                self.take()
+                sides.append(self.side())
+            return ("ratio", tuple(sides))
         while self.peek() is not None and self.peek().value in _RELATIONS and self.peek().kind in ("op", "cmd"):
             op = _RELATIONS[self.take().value]
             if op == "=" and self.at("="):
@@ -756,6 +762,8 @@ def render(node, names: dict[str, str]) -> str:
     if kind == "matrix":
         rows = " \\\\ ".join(" & ".join(r(x) for x in row) for row in node[1])
         return f"\\begin{{pmatrix}} {rows} \\end{{pmatrix}}"
+    if kind == "ratio":
+        return f"({', '.join(r(x) for x in node[1])})"
     if kind == "rel":
         out = r(node[1][0])
         for op, side in zip(node[2], node[1][1:]):
