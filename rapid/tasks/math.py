@@ -346,11 +346,12 @@ _CANONICAL_UNITS = {
     "g": "gram", "gm": "gram", "kg": "kilogram", "usd": "dollar", "mph": "mph", "children": "child",
     "people": "person", "^2": "square", "^3": "cubic",
 }  # fmt: skip
-_MAGNITUDES = frozenset(
+_NOT_UNITS = frozenset(
     "zero one two three four five six seven eight nine ten eleven twelve twenty thirty forty fifty hundred "
     "hundreds thousand thousands million millions billion billions trillion trillions dozen dozens half times "
-    "percent degree degrees dollar dollars cent cents".split()
-)  # words the question's phrases may hold that change a number's meaning; each needs the question's own mark
+    "percent degree degrees dollar dollars cent cents or and not no more less least most than about approximately "
+    "roughly nearly almost over under etc".split()
+)  # words of the question's phrases that change a number's meaning or hedge it; never a unit
 
 
 def _unit_key(unit: str, dollar: bool) -> tuple[str, ...]:
@@ -373,7 +374,7 @@ def _asked_units(problem: str) -> set[str]:
     phrases = re.findall(r"\bhow (?:many|much) ([a-z .]{1,60})", text) + re.findall(
         r"\bin ([a-z ]{1,40}?)[,.?;:)]", text
     )
-    words = {w for phrase in phrases for w in _unit_key(phrase, False)} - _MAGNITUDES
+    words = {w for phrase in phrases for w in _unit_key(phrase, False)} - _NOT_UNITS
     marks = {"percent": r"percent|\\%|%", "degree": r"degree|\\circ", "dollar": r"dollar|\\\$", "cent": r"\bcents?\b"}
     return words | {unit for unit, mark in marks.items() if re.search(mark, text)}
 

@@ -228,7 +228,8 @@ def peel_unit(tokens: list[Tok]) -> tuple[list[Tok], str, bool]:
 
 
 def unit_is_word(tok: Tok) -> bool:
-    return tok.value.lower() in _UNIT_WORDS
+    """A bare unit word (`cm`, `feet`): two letters or more, so that `3m` stays a product."""
+    return len(tok.value) > 1 and tok.value.lower() in _UNIT_WORDS
 
 
 # --- the grammar ------------------------------------------------------------------------------------
