@@ -1,7 +1,7 @@
 """Every reference solution of MATH (the 12k training split and MATH-500) scores 1 through the full
 reward path, its corrupted twin scores 0, and the list answers of problems asking for all solutions
-score 1 in reverse order too. The sweep takes about a second (string and exact-number rules; no
-reference needs sympy), so it runs with the fast tests."""
+score 1 in reverse order too, and the grammar reads every reference value but a few written shapes.
+The sweep takes a few seconds (no reference needs sympy), so it runs with the fast tests."""
 
 import json
 import time
