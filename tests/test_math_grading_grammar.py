@@ -107,6 +107,42 @@ UNITS = [
     ("5 \\text{ pears}", "5", "How many apples did he buy?", 0.0),
     ("5 \\text{ cents}", "5", "How much did he pay, in dollars?", 0.0),
     ("5 \\text{ dollars}", "\\$5", 1.0),
+    ("5\\text{, 6}", "5", 0.0),  # text with no word in it is no unit
+    ("5 \\text{ (6)}", "5", 0.0),
+    ("5 \\text{ ?}", "5", 0.0),
+    ("5 \\text{...}", "5", 0.0),
+    ("5\\text{ cm}\\text{, 6}", "5", "What is the length, in cm?", 0.0),
+]
+
+# objects of one kind: math-verify equates {4} and [4, 4] with 4; equations that are identities
+KINDS = [
+    ("\\{4\\}", "4", 0.0),
+    ("[4, 4]", "4", 0.0),
+    ("(4, 4)", "4", 0.0),
+    ("\\begin{pmatrix} 4 \\end{pmatrix}", "4", 0.0),
+    ("\\emptyset", "0", 0.0),
+    ("(1, 2)", "\\{1, 2\\}", 0.0),
+    ("\\{1, 2\\}", "(1, 2)", 0.0),
+    ("(1, \\{2\\})", "(1, 2)", 0.0),
+    ("2 \\cdot \\{4\\}", "8", 0.0),
+    ("[1, 2] \\cup [2, 3]", "[1, 3]", 1.0),
+    ("\\{2, 1\\}", "\\{1, 2\\}", 1.0),
+    ("0 = 0", "x^2 + y^2 = 13", 0.0),
+    ("x^2 + y^2 = x^2 + y^2", "x^2 + y^2 = 13", 0.0),
+    ("0 = 0", "y = 2x + 3", 0.0),
+    ("y = y", "y = 2x + 3", 0.0),
+    ("13 = x^2 + y^2", "x^2 + y^2 = 13", 1.0),
+    ("2x^2 + 2y^2 = 26", "x^2 + y^2 = 13", 1.0),
+    ("2x + 3 = y", "y = 2x + 3", 1.0),
+    ("0.5x", "\\frac{x}{2}", 1.0),
+    ("0.5x", "\\frac{x}{3}", 0.0),
+    ("-\\infty", "\\infty", 0.0),
+    ("\\frac{1}{0}", "\\infty", 0.0),
+    ("\\frac{0}{0}", "0", 0.0),
+    ("\\infty - \\infty", "0", 0.0),
+    ("\\sqrt{x^2}", "x", 0.0),
+    ("|x|", "\\sqrt{x^2}", 1.0),
+    ("x - x", "0", 1.0),
 ]
 
 # equations: inside brackets, with ==, false, or about another variable than the gold's
@@ -355,6 +391,7 @@ CONTROLS = [
 ]
 
 CLASSES = {"hedges": HEDGES, "units": UNITS, "equations": EQUATIONS, "odd roots": ODD_ROOTS, "words": WORDS}
+CLASSES |= {"kinds": KINDS}
 CLASSES |= {"large": LARGE, "controls": CONTROLS}
 
 

@@ -77,6 +77,7 @@ from rapid.tasks.math_answer import (
     peel_unit,
     plus_minus,
     render,
+    same_shape,
     source,
     split,
     tokenize,
@@ -321,7 +322,10 @@ def _named_in(name: str, problem: str) -> bool:
 
 
 def _expr_equal(a, b, timeout_s: float) -> bool:
-    """Rule 4: exact rationals compare exactly; anything else goes to sympy as rendered by the grammar."""
+    """Rule 4: objects of one kind only; exact rationals compare exactly; anything else goes to sympy as
+    rendered by the grammar."""
+    if not same_shape(a, b):
+        return False
     ea, eb = exact(a), exact(b)
     if ea is not None and eb is not None:
         return ea == eb

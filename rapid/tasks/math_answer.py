@@ -216,7 +216,7 @@ def peel_unit(tokens: list[Tok]) -> tuple[list[Tok], str, bool]:
                 unit = ["^" + tok.value] + unit
                 end -= 2
                 continue
-        if tok.kind == "text" and _text_words(tok) and not is_joiner(tok):
+        if tok.kind == "text" and _UNIT_TEXT.fullmatch(tok.value[6:-1]) and not is_joiner(tok):
             unit = [tok.value[6:-1]] + unit
             end -= 1
         elif tok.kind == "word" and unit_is_word(tok) and end > 1:
@@ -225,6 +225,9 @@ def peel_unit(tokens: list[Tok]) -> tuple[list[Tok], str, bool]:
         else:
             break
     return tokens[:end], " ".join(unit), dollar
+
+
+_UNIT_TEXT = re.compile(r" ?[A-Za-z][A-Za-z .']*")  # words only: `\text{, 6}`, `\text{ (6)}` are no unit
 
 
 def unit_is_word(tok: Tok) -> bool:
@@ -706,6 +709,38 @@ def _children(node):
                     yield x
                 elif isinstance(x, tuple):  # a matrix row
                     yield from (y for y in x if isinstance(y, tuple))
+
+
+_CONTAINERS = {"set": "set", "seq": "seq", "setop": "setop", "matrix": "matrix", "ratio": "ratio", "rel": "rel"}
+
+
+def same_shape(a, b) -> bool:
+    """Whether two trees are objects of one kind (numbers and expressions, sets, tuples or intervals,
+    matrices of one size...), element by element where order matters: math-verify reads `\\{4\\}` and
+    `[4, 4]` as equal to 4, so kinds are settled here before it sees them."""
+    ka, kb = _kind(a), _kind(b)
+    if "setop" in (ka, kb):  # [1, 2] \cup [2, 3] may equal [1, 3]
+        return {ka, kb} <= {"setop", "set", "seq"}
+    if ka != kb or ka == "mixed":
+        return False
+    if ka == "seq":
+        return a[1] == b[1] and a[3] == b[3] and len(a[2]) == len(b[2]) and all(map(same_shape, a[2], b[2]))
+    if ka == "matrix":
+        return (
+            len(a[1]) == len(b[1])
+            and len(a[1][0]) == len(b[1][0])
+            and all(same_shape(x, y) for ra, rb in zip(a[1], b[1]) for x, y in zip(ra, rb))
+        )
+    if ka in ("ratio", "rel"):
+        return len(a[1]) == len(b[1]) and all(map(same_shape, a[1], b[1]))
+    return True
+
+
+def _kind(node) -> str:
+    kind = _CONTAINERS.get(node[0])
+    if kind is not None:
+        return kind
+    return "mixed" if any(_kind(child) != "scalar" for child in _children(node)) else "scalar"
 
 
 # --- rendering --------------------------------------------------------------------------------------
