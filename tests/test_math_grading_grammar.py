@@ -114,7 +114,8 @@ UNITS = [
     ("5\\text{ cm}\\text{, 6}", "5", "What is the length, in cm?", 0.0),
 ]
 
-# objects of one kind: math-verify equates {4} and [4, 4] with 4; equations that are identities
+# objects of one kind: math-verify equates {4} and [4, 4] with 4; equations that are identities;
+# intervals, sets and matrices compared element by element, each element exactly
 KINDS = [
     ("\\{4\\}", "4", 0.0),
     ("[4, 4]", "4", 0.0),
@@ -143,6 +144,27 @@ KINDS = [
     ("\\sqrt{x^2}", "x", 0.0),
     ("|x|", "\\sqrt{x^2}", 1.0),
     ("x - x", "0", 1.0),
+    # containers element by element: math-verify confirms no endpoint or element exactly
+    ("[\\sqrt{2} + 10^{-100}, 3]", "[\\sqrt{2}, 3]", 0.0),
+    ("[\\sqrt{2}, 3]", "[\\sqrt{2}, 3]", 1.0),
+    ("[2^{1/2}, 3]", "[\\sqrt{2}, 3]", 1.0),
+    ("\\{\\sqrt{2} + 10^{-100}, 3\\}", "\\{\\sqrt{2}, 3\\}", 0.0),
+    ("\\{3, \\sqrt{2}\\}", "\\{\\sqrt{2}, 3\\}", 1.0),
+    ("(-\\infty, \\sqrt{2} + 10^{-100}) \\cup (3, \\infty)", "(-\\infty, \\sqrt{2}) \\cup (3, \\infty)", 0.0),
+    ("(3, \\infty) \\cup (-\\infty, \\sqrt{2})", "(-\\infty, \\sqrt{2}) \\cup (3, \\infty)", 1.0),
+    (
+        "\\begin{pmatrix} \\sqrt{2} + 10^{-100} \\\\ 1 \\end{pmatrix}",
+        "\\begin{pmatrix} \\sqrt{2} \\\\ 1 \\end{pmatrix}",
+        0.0,
+    ),
+    (
+        "\\begin{pmatrix} \\frac{2}{\\sqrt{2}} \\\\ 1 \\end{pmatrix}",
+        "\\begin{pmatrix} \\sqrt{2} \\\\ 1 \\end{pmatrix}",
+        1.0,
+    ),
+    ("(\\frac{\\sqrt{3}}{3}, 1)", "(\\frac{1}{\\sqrt{3}}, 1)", 1.0),
+    ("(\\pi + 10^{-80}, 1)", "(\\pi, 1)", 0.0),
+    ("[1, 2] \\cup [2, 3]", "[1, 3]", 1.0),
 ]
 
 # equations: inside brackets, with ==, false, or about another variable than the gold's

@@ -326,10 +326,39 @@ def _expr_equal(a, b, timeout_s: float) -> bool:
     rendered by the grammar."""
     if not same_shape(a, b):
         return False
+    if a[0] == b[0] == "seq":  # tuples and intervals: brackets and elements in order (same_shape: brackets)
+        return all(_expr_equal(x, y, timeout_s) for x, y in zip(a[2], b[2]))
+    if a[0] == b[0] == "matrix":
+        return all(_expr_equal(x, y, timeout_s) for ra, rb in zip(a[1], b[1]) for x, y in zip(ra, rb))
+    if a[0] == b[0] == "set" and len(a[1]) == len(b[1]):  # elements one to one, in any order
+        return _matched(list(a[1]), list(b[1]), lambda x, y: _expr_equal(x, y, timeout_s))
+    if a[0] == b[0] == "setop" and a[1] == b[1] and a[1] != "\\setminus":  # a union of the same parts
+        parts = lambda n: _operands(n, n[1])  # noqa: E731
+        pa, pb = parts(a), parts(b)
+        if len(pa) == len(pb) and _matched(pa, pb, lambda x, y: _expr_equal(x, y, timeout_s)):
+            return True
     ea, eb = exact(a), exact(b)
     if ea is not None and eb is not None:
         return ea == eb
     return _symbolic(a, b, timeout_s)
+
+
+def _operands(node, op: str) -> list:
+    """The parts of a union (or intersection) of several parts."""
+    if node[0] == "setop" and node[1] == op:
+        return _operands(node[2], op) + _operands(node[3], op)
+    return [node]
+
+
+def _matched(preds: list, golds: list, equal) -> bool:
+    """Whether the two lists match one to one under `equal`, an equivalence (so greedy is exact)."""
+    unmatched = list(preds)
+    for g in golds:
+        hit = next((i for i, p in enumerate(unmatched) if equal(p, g)), None)
+        if hit is None:
+            return False
+        unmatched.pop(hit)
+    return not unmatched
 
 
 def _symbolic(a, b, timeout_s: float) -> bool:
