@@ -141,6 +141,8 @@ def final_answer(completion: str) -> str | None:
     answer = last_boxed(completion)
     if answer is None or re.search(r"\\(?:boxed|fbox)(?![a-zA-Z])", answer):
         return None
+    if completion.rfind("\\boxed ") > max(completion.rfind("\\boxed{"), completion.rfind("\\fbox{")):
+        return answer  # `\\boxed 9`: one token, nothing inside it
     depth, open_boxes, last_nested = 0, [], False  # one pass: is the last box opened inside another?
     for m in _BOX.finditer(completion):
         token = m.group()
@@ -194,13 +196,7 @@ def is_equiv(pred: str, gold: str, timeout_s: float = 5.0, problem: str = "") ->
         return _value_equal(preds[0], golds[0], timeout_s, problem)
     if not unordered:
         return all(_value_equal(a, b, timeout_s, problem) for a, b in zip(preds, golds))
-    unmatched = list(preds)  # a multiset match; value equality is an equivalence, so greedy is exact
-    for value in golds:
-        hit = next((i for i, cand in enumerate(unmatched) if _value_equal(cand, value, timeout_s, problem)), None)
-        if hit is None:
-            return False
-        unmatched.pop(hit)
-    return True
+    return _matched(preds, golds, lambda a, b: _value_equal(a, b, timeout_s, problem))
 
 
 # --- rule 3: values -------------------------------------------------------------------------------
@@ -456,13 +452,7 @@ def _text_equal(p: str, g: str, problem: str) -> bool:
 
     if not (_UNORDERED.search(problem) and not _ORDERED.search(problem)):
         return all(same(a, b) for a, b in zip(preds, golds))
-    unmatched = list(preds)
-    for b in golds:
-        hit = next((i for i, a in enumerate(unmatched) if same(a, b)), None)
-        if hit is None:
-            return False
-        unmatched.pop(hit)
-    return True
+    return _matched(preds, golds, same)
 
 
 # --- spelling and numbers ---------------------------------------------------------------------------
