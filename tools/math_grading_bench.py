@@ -4,7 +4,7 @@ tests/test_math_grading_grammar.py (wrong answers of each class and correct form
 each grade. With --baseline, the same cases through another version of rapid/tasks/math.py (e.g. one
 taken from git history), to count what that version gets wrong.
 
-    python tools/math_grading_bench.py --data ../shared/data --out experiments/results/math_grading
+    python tools/math_grading_bench.py --data ../shared/data --cross 1500
     git show <commit>:rapid/tasks/math.py > math_before.py
     python tools/math_grading_bench.py --baseline math_before.py --label "math.py at <commit>"
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import random
 import statistics
 import sys
 import time
@@ -68,6 +69,38 @@ def percentiles(times: list[float]) -> str:
     return f"{statistics.mean(times) * 1e3:.2f} | {p(0.5):.2f} | {p(0.99):.1f} | {times[-1] * 1e3:.0f}"
 
 
+def cross_check(data: Path, n_pairs: int, timeout_s: float, counter: Counting) -> list[str]:
+    """Distinct MATH-500 answers against each other (no problem text): every pair decided in the grading
+    process, and `n_pairs` random pairs of those that reach sympy (seed 0). Equal pairs are listed."""
+    golds = sorted({json.loads(line)["answer"] for line in (data / FILES[1]).read_text().splitlines()})
+    equal, to_sympy, real = [], [], counter.equal
+    for a in golds:
+        for b in golds:
+            if a == b:
+                continue
+            counter.equal = lambda *_: to_sympy.append((a, b)) or False  # noqa: B023 (called at once)
+            if task.is_equiv(a, b, timeout_s):
+                equal.append((a, b))
+    counter.equal = real
+    sample = random.Random(0).sample(sorted(set(to_sympy)), min(n_pairs, len(set(to_sympy))))
+    sympy_equal, timeouts = [], 0
+    for a, b in sample:
+        try:
+            if task.is_equiv(a, b, timeout_s):
+                sympy_equal.append((a, b))
+        except grading.GradingError:
+            timeouts += 1
+    n = len(golds) * (len(golds) - 1)
+    return [
+        "## Distinct MATH-500 answers against each other\n",
+        f"{n:,} ordered pairs of {len(golds)} distinct answers: {len(equal)} equal without sympy "
+        f"({', '.join(f'`{a}` = `{b}`' for a, b in equal)}); {len(set(to_sympy)):,} pairs reach sympy, and "
+        f"of {len(sample):,} of them drawn at random {len(sympy_equal)} are equal"
+        + (f" ({', '.join(f'`{a}` = `{b}`' for a, b in sympy_equal)})" if sympy_equal else "")
+        + f", {timeouts} ran out of time.\n",
+    ]
+
+
 def load_module(path: str):
     spec = importlib.util.spec_from_file_location("math_baseline", path)
     module = importlib.util.module_from_spec(spec)
@@ -82,6 +115,7 @@ def main() -> None:
     parser.add_argument("--baseline", help="another rapid/tasks/math.py to grade the cases with")
     parser.add_argument("--label", default="the baseline", help="what to call the baseline in the summary")
     parser.add_argument("--timeout-s", type=float, default=5.0, help="grading.timeout_s of each record")
+    parser.add_argument("--cross", type=int, default=0, help="grade this many random pairs of distinct answers")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
     import test_math_grading_grammar as cases  # the cases and their expected verdicts
@@ -124,6 +158,9 @@ def main() -> None:
             f"| {len(rows):,} reference solutions, full reward | {percentiles([t for _, t in graded])} |",
             f"| {len(tree_times):,} reference values, parse and compare as trees | {percentiles(tree_times)} |\n",
         ]
+
+    if args.cross and not args.baseline:
+        lines += cross_check(Path(args.data), args.cross, args.timeout_s, counter)
 
     lines += [
         f"## The cases of tests/test_math_grading_grammar.py through {name}\n",

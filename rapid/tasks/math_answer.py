@@ -236,10 +236,8 @@ def unit_is_word(tok: Tok) -> bool:
 
 
 # --- the grammar ------------------------------------------------------------------------------------
-_FUNCTIONS = frozenset(
-    "sin cos tan sec csc cot arcsin arccos arctan sinh cosh tanh log ln exp".split()
-)  # applied to an argument
-_APPLIED = frozenset("gcd lcm max min".split())  # need parentheses
+_FUNCTIONS = frozenset("sin cos tan sec csc cot arcsin arccos arctan sinh cosh tanh log ln exp".split())  # \sin x
+_APPLIED = frozenset("gcd lcm max min".split())  # \gcd(a, b): parentheses needed
 _GREEK = frozenset(
     "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi rho sigma tau "
     "upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Phi Psi Omega".split()
@@ -563,9 +561,7 @@ class _Parser:
     def matrix(self):
         self.take("{")
         env = self.take()
-        if env.value not in ("pmatrix", "bmatrix", "matrix", "vmatrix") and env.kind != "word":
-            raise Unreadable("environment")
-        if env.value not in ("pmatrix", "bmatrix", "matrix"):
+        if env.value not in ("pmatrix", "bmatrix", "matrix"):  # not a determinant, not cases
             raise Unreadable("environment")
         self.take("}")
         rows, row = [], [self.side()]
