@@ -2,7 +2,10 @@
 scores 0 and each correct form scores 1, through the full reward path (the completion's last box against
 a record). Every case was written for this file; the expected verdicts are a careful grader's."""
 
+import json
+import random
 import time
+from pathlib import Path
 
 import pytest
 
@@ -458,3 +461,51 @@ def test_an_odd_root_of_a_negative_number_is_rational_in_the_parent():
     assert task.exact_number("\\sqrt[3]{-8}") == -2 and task.exact_number("(-8)^{2/3}") == 4
     assert task.exact_number("\\sqrt[5]{-\\frac{1}{32}}") == task.exact_number("-0.5")
     assert task.exact_number("\\sqrt{-4}") is None and task.exact_number("\\sqrt[3]{2}") is None
+
+
+# --- generated attacks on every single-value MATH-500 answer ---------------------------------------
+DATA = Path(__file__).parents[2] / "shared" / "data"  # ../shared/data beside the checkout
+WORDS = ["million", "thousand", "dozen", "etc.", "or more", "approximately", "at least", "maybe", "feet", "inches"]
+WORDS += ["cm", "meters", "percent", "degrees", "dollars", "times", "squared", "half", "total", "units", "not"]
+
+
+def generated_attacks(rows: list[dict], seed: int = 1) -> list[tuple[str, dict]]:
+    """16 wrong answers built around each single-value gold g of `rows` (h: another record's gold, w: a
+    word): g with a word after it, h or g in brackets, h = g, g == g, g and h, (z = g), a box before g,
+    g with h after a line break... Each is wrong, except g followed by a unit the question asks for."""
+    rng = random.Random(seed)
+    singles = []
+    for r in rows:
+        gold = task.normalize(r["answer"])
+        if task._is_text_answer(gold) or "\\approx" in gold:
+            continue
+        values, _ = task._gold_values(gold, r["problem"])
+        if values and len(values) == 1 and not values[0].unit and task.parse(list(values[0].tokens)) is not None:
+            singles.append(r)
+    attacks = []
+    for r in singles:
+        g, h, w = (
+            r["answer"],
+            rng.choice([o["answer"] for o in singles if o["answer"] != r["answer"]]),
+            rng.choice(WORDS),
+        )
+        shapes = [f"{g} \\text{{ {w}}}", f"({h} \\text{{ or }} {g})", f"\\left[{h}, {g}\\right]", f"\\{{{g}\\}}"]
+        shapes += [f"{g} \\text{{ (or }} {h}\\text{{)}}", f"{h} = {g}", f"{g} == {g}", f"{g}, {h}", f"(z = {g})"]
+        shapes += [f"{g} \\text{{ and }} {h}", f"\\boxed{{{h}}} {g}", f"{g}\\text{{, }}{h}", f"{g} \\quad {h}"]
+        shapes += [f"{g} \\\\ {h}", f"{g}?", f"{g} \\ldots"]
+        attacks += [(shape, r) for shape in shapes]
+    return attacks
+
+
+@pytest.mark.slow
+def test_generated_attacks_on_every_math500_answer_score_zero():
+    if not (DATA / "math500" / "test.jsonl").is_file():
+        pytest.skip(f"benchmark data not found at {DATA} (the ../shared/data folder beside the checkout)")
+    rows = [json.loads(line) for line in (DATA / "math500" / "test.jsonl").read_text().splitlines()]
+    attacks = generated_attacks(rows)
+    assert len(attacks) > 7000
+    scored = [(pred, r) for pred, r in attacks if task.reward(f"So it is $\\boxed{{{pred}}}$.", r) == 1.0]
+    for pred, r in scored:  # only the gold with a unit its question asks for
+        unit = pred.removeprefix(r["answer"]).strip()
+        assert unit.startswith("\\text{") and set(task._unit_key(unit[6:-1], False)) <= task._asked_units(r["problem"])
+    assert len(scored) < 10
