@@ -13,7 +13,7 @@ the comparison except presentation, so nothing stripped can carry a wrong answer
 0. The answer and its bounds. The answer is the content of the LAST `\\boxed{...}` (or `\\fbox{}`,
    or `\\boxed 9`) of the completion; no box, a box inside the box, or a last box inside another box
    scores 0. Over MAX_ANSWER_CHARS it scores 0 unread; every pattern runs in linear time; numbers too
-   large to write out (`10^{10^{10}}`, `9^{99999}`, `10^{4}!`) score 0 without sympy; sympy runs in a
+   large to write out (`10^{10^{10}}`, `9^{99999}`, `(10^{4})!`) score 0 without sympy; sympy runs in a
    child process with a time limit (`grading.timeout_s`; over it `GradingError` is raised, scored 0
    and counted by `rapid.rewards.score`) and an address-space limit.
 1. Presentation (`math_answer.normalize`): spacing, `\\left`/`\\right`, `\\dfrac`, `$`, a unicode
@@ -38,17 +38,18 @@ the comparison except presentation, so nothing stripped can carry a wrong answer
    qualifier (`?`, `\\ldots`, `maybe`) or a line break are not read. Rational values (integers, decimals,
    fractions, mixed numbers `2\\frac12`, integer powers, roots of perfect powers) compare exactly, a
    decimal as the fraction it spells (`0.333333` is not 1/3); the odd root of a negative number is its
-   real root (`\\sqrt[3]{-8}` = -2). Anything else goes to math-verify (sympy) as the grammar renders it
-   (decimals as exact fractions, capitals kept apart from lower case), and a numeric match must be
-   confirmed by sympy's `equals`. A numeral with a base (`1011_2`) equals only the same digits in the
-   same base. A gold the grammar does not read (a time `4:30 p.m.`, a ratio `1:2`) is matched by its
-   spelling only.
+   real root (`\\sqrt[3]{-8}` = -2). Objects compare only with objects of their kind (`\\{4\\}` and
+   `[4, 4]` are not 4), and tuples, intervals, sets, matrices and ratios element by element. Anything
+   else goes to math-verify (sympy) as the grammar renders it (decimals as exact fractions, capitals
+   kept apart from lower case), and a numeric match must be confirmed by sympy's `equals`. A numeral
+   with a base (`1011_2`) equals only the same digits in the same base. A gold the grammar does not
+   read (a date in `\\text{}`, `\\phantom`) is matched by its spelling only.
 5. Units. Text after a value (`\\text{ cm}`, `cm^2`, `\\text{ square feet}`), a leading `\\$`, a percent or
    degree sign is its unit. A value may carry no unit, the gold's unit (`in`, `inches` and `\\text{ inches}`
    are one unit), or, where the gold has none, a unit the question asks for (the words after "how
    many" or of an "in ..." phrase, the percent, degree or dollar marks where the question uses them),
-   never a magnitude (`million`, `dozen`, `half`) the question's phrase holds. Any other text (another
-   unit, `etc.`, `or more`) scores 0.
+   never a magnitude or hedge word (`million`, `dozen`, `half`, `more`) the question's phrase holds. Any
+   other text (another unit, `etc.`, `or more`, `\\text{, 6}`) scores 0.
 6. Equations. (a) Against a gold `x = 5` (a name: a letter, `y_1`, `AB`, `f(2)`, `\\angle A`; or `x \\in S`),
    an answer `5` or `x = 5` scores, `y = 5` does not. (b) Against a gold value `5`, `n = 5` scores when
    the problem's formulas use `n`; a chain `2^{10} = 1024` scores only when every side equals the gold:
