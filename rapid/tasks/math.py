@@ -14,8 +14,9 @@ the comparison except presentation, so nothing stripped can carry a wrong answer
    or `\\boxed 9`) of the completion; no box, a box inside the box, or a last box inside another box
    scores 0. Over MAX_ANSWER_CHARS it scores 0 unread; every pattern runs in linear time; numbers too
    large to write out (`10^{10^{10}}`, `9^{99999}`, `(10^{4})!`) score 0 without sympy; sympy runs in a
-   child process with a time limit (`grading.timeout_s`; over it `GradingError` is raised, scored 0
-   and counted by `rapid.rewards.score`) and an address-space limit.
+   child process with an address-space limit, and all the sympy checks of one grade share one time
+   limit (`grading.timeout_s`; over it `GradingError` is raised, scored 0 and counted by
+   `rapid.rewards.score`).
 1. Presentation (`math_answer.normalize`): spacing, `\\left`/`\\right`, `\\dfrac`, `$`, a unicode
    minus, `\\frac12`, thousands marks (`1{,}000`, `10,\\!080`); `%`, `^\\circ` become the units percent
    and degrees. The same spelling as the gold's (text wrappers aside) scores.
@@ -62,13 +63,15 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import time
+from contextvars import ContextVar
 from dataclasses import dataclass
 from fractions import Fraction
 
 from rapid.config import ConfigError
 from rapid.tasks import encode_prompts
 from rapid.tasks.datasets import load_split, require_fields
-from rapid.tasks.grading import SYMBOLIC, last_boxed
+from rapid.tasks.grading import SYMBOLIC, GradingError, last_boxed
 from rapid.tasks.math_answer import (
     TooLarge,
     check_size,
@@ -160,10 +163,24 @@ def final_answer(completion: str) -> str | None:
     return None if last_nested else answer
 
 
+_DEADLINE: ContextVar[float | None] = ContextVar("math_grading_deadline", default=None)
+
+
 def is_equiv(pred: str, gold: str, timeout_s: float = 5.0, problem: str = "") -> bool:
     """Whether the answer `pred` says what `gold` says, by the rules of the module docstring; `problem`
     (the question's text, optional) tells whether a list is unordered, which units it asks for and how
-    to read `70,110`."""
+    to read `70,110`. All the sympy checks of one grade share `timeout_s` (several values may each
+    need one); over it, `GradingError`."""
+    if _DEADLINE.get() is not None:  # a side of an `\\approx` gold: the same grade
+        return _is_equiv(pred, gold, timeout_s, problem)
+    token = _DEADLINE.set(time.monotonic() + timeout_s)
+    try:
+        return _is_equiv(pred, gold, timeout_s, problem)
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _is_equiv(pred: str, gold: str, timeout_s: float, problem: str) -> bool:
     if len(pred) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:  # rule 0: before any regex
         return False
     p, g = normalize(pred), normalize(gold)
@@ -365,7 +382,14 @@ def _symbolic(a, b, timeout_s: float) -> bool:
         return True
     if max(len(ra), len(rb)) > MAX_SYMBOLIC_CHARS:
         return False
-    return SYMBOLIC.equal(rb, ra, timeout_s)
+    deadline = _DEADLINE.get()
+    left = timeout_s if deadline is None else deadline - time.monotonic()
+    try:
+        if left <= 0:
+            raise GradingError("no time left")
+        return SYMBOLIC.equal(rb, ra, left)
+    except GradingError:
+        raise GradingError(f"math-verify took over {timeout_s:g} s") from None
 
 
 # --- rule 5: units ----------------------------------------------------------------------------------
