@@ -94,7 +94,7 @@ FILES = {"train": "math/train_12k.jsonl", "test": "math500/test.jsonl"}
 HUB = {"train": "nlile/hendrycks-MATH-benchmark@train", "test": "HuggingFaceH4/MATH-500@test"}
 DROPPED: dict[str, int] = {}  # split -> records dropped for an empty answer, by the last load
 MAX_ANSWER_CHARS = 1000  # longer boxed answers score 0 unread (the longest reference answer: 159)
-MAX_SYMBOLIC_CHARS = 3000  # longer rendered values are not sent to sympy (the longest reference: 1,000)
+MAX_SYMBOLIC_CHARS = 3000  # longer rendered values are not sent to sympy (the longest reference renders to 506)
 MAX_ITEMS = 16  # an answer listing more values scores 0 (the most in a reference answer: 8)
 
 

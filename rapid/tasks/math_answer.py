@@ -86,7 +86,7 @@ def unwrap_text(s: str) -> str:
 # --- tokens -----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Tok:
-    kind: str  # num, letter, word, cmd, text, op
+    kind: str  # num, word (a run of letters), cmd, text (a \\text{...}), op
     value: str
     space: bool  # whether whitespace came before it
 
@@ -373,8 +373,8 @@ class _Parser:
             self.take("}")
             return inner
         tok = self.take()
-        if tok.kind == "num" and len(tok.value) == 1 or tok.kind == "letter":
-            return ("num", tok.value) if tok.kind == "num" else ("sym", tok.value)
+        if tok.kind == "num" and len(tok.value) == 1:
+            return ("num", tok.value)
         if tok.kind == "word" and len(tok.value) == 1:
             return ("sym", tok.value)
         if tok.kind == "cmd" and (tok.value in _CONSTANTS or tok.value[1:] in _GREEK):
@@ -385,7 +385,7 @@ class _Parser:
     def starts_primary(tok: Tok | None) -> bool:
         if tok is None:
             return False
-        if tok.kind in ("num", "letter"):
+        if tok.kind == "num":
             return True
         if tok.kind == "word":
             return tok.value.lower() not in JOINERS
@@ -423,7 +423,7 @@ class _Parser:
                     node = ("mixed", v, num, den)
                 else:
                     self.pos = save
-        elif k == "letter" or k == "word" and len(v) == 1:
+        elif k == "word" and len(v) == 1:
             node = self.subscripted(v)
         elif k == "word":
             if v.lower() in JOINERS:
@@ -524,7 +524,7 @@ class _Parser:
 
     def label(self):
         tok = self.take()
-        if tok.kind in ("letter", "word") and tok.value.isupper():
+        if tok.kind == "word" and tok.value.isupper():
             return ("sym", tok.value)
         raise Unreadable("label")
 
