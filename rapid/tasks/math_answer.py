@@ -15,8 +15,8 @@ and returns a tree, or None when any token is left over or out of place:
     term     := factor ((* | \\cdot | \\times | / | \\div) factor | factor)*   juxtaposition: no two numbers
     factor   := [+|-] factor | power
     power    := postfix [^ group]                 postfix: primary [!]
-    primary  := number | mixed number | letter [_ sub] | \\frac{}{} | \\sqrt[n]{} | \\binom{}{} | function
-              | ( sides ) | [ sides ] | { side } | \\{ sides \\} | |sum| | \\lfloor sum \\rfloor | matrix | constant
+    primary  := number | mixed number | letter [_ sub] | letters (a product) | \\frac{}{} | \\sqrt[n]{}
+              | \\binom{}{} | function | ( sides ) | [ sides ] | { side } | \\{ sides \\} | |sum| | \\lfloor sum \\rfloor | matrix | constant
     (inside brackets, braces, arguments and matrices a side: never a relation such as `(x = 4)`)
 
 Every tree is rendered back to LaTeX by `render` from a small set of constructs that math-verify reads
@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-MAX_DEPTH = 60  # nesting of brackets and operators (the deepest reference answer: 6)
+MAX_DEPTH = 60  # parser nesting (sums, signs, primaries); the deepest reference answer reaches 8
 MAX_POWER_BITS = 10_000  # 2^{10} is written out; 10^{10^{10}} is too large to compare
 MAX_FACTORIAL = 3000  # 2004! is in a reference answer
 MAX_EXPONENT = 10_000  # x^{2016} is read; x^{10^{9}} is too large to compare
