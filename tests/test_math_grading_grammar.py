@@ -229,6 +229,19 @@ ODD_ROOTS = [
     ("\\sqrt[4]{16}", "-2", 0.0),
 ]
 
+# degrees: a unit after an angle, an angle (times pi/180) inside a function or a tuple
+ANGLES = [
+    ("\\frac{\\sqrt{3}}{2}", "\\sin 60^\\circ", 1.0),
+    ("\\sin 60^\\circ", "\\frac{\\sqrt{3}}{2}", 1.0),
+    ("\\sin 30^\\circ", "\\frac{\\sqrt{3}}{2}", 0.0),
+    ("(6, \\frac{47\\pi}{36})", "(6,235^\\circ)", 1.0),
+    ("(6, 235^\\circ)", "(6,235^\\circ)", 1.0),
+    ("(6, 235)", "(6,235^\\circ)", 0.0),
+    ("90^\\circ", "90", "What is the angle, in degrees?", 1.0),
+    ("\\frac{\\pi}{2}", "90", "What is the angle, in degrees?", 0.0),
+    ("\\cos 6^\\circ \\sin 12^\\circ \\csc 18^\\circ", "\\cos(6^\\circ)\\sin(12^\\circ)\\csc(18^\\circ)", 1.0),
+]
+
 # answers in words, choices, and characters outside the grammar
 WORDS = [
     ("\\text{five}", "5", 0.0),
@@ -416,7 +429,7 @@ CONTROLS = [
 ]
 
 CLASSES = {"hedges": HEDGES, "units": UNITS, "equations": EQUATIONS, "odd roots": ODD_ROOTS, "words": WORDS}
-CLASSES |= {"kinds": KINDS}
+CLASSES |= {"kinds": KINDS, "angles": ANGLES}
 CLASSES |= {"large": LARGE, "controls": CONTROLS}
 
 

@@ -45,6 +45,9 @@ class Unreadable(ValueError):
     """The answer does not parse by the grammar."""
 
 
+DEGREES = "\\text{ degrees}"  # what `^\\circ` becomes: a unit after a value, an angle inside a function
+
+
 # --- presentation -----------------------------------------------------------------------------------
 _TEXT_WRAPPERS = r"text|mbox|textnormal|textrm|textup|textbf|textit|textsf|mathrm"
 _FONT_WRAPPERS = r"mathbf|boldsymbol|bm|mathit|mathsf|mathnormal"
@@ -62,7 +65,7 @@ def normalize(answer: str) -> str:
     s = re.sub(r"\\(?:left|right|displaystyle|bigl|bigr|Bigl|Bigr|big|Big)(?![a-zA-Z])", "", s)
     s = re.sub(r"\\hspace\*?\{[^{}]*\}", " ", s)
     s = re.sub(r"(?<!\\)\\(?:,|;|:| |quad|qquad|[a-z]*space|hfill)(?![a-zA-Z])", " ", s)
-    s = re.sub(r"\^ ?(?:\{ ?\\circ ?\}|\\circ)|\\circ(?![a-zA-Z])", r"\\text{ degrees}", s)
+    s = re.sub(r"\^ ?(?:\{ ?\\circ ?\}|\\circ)|\\circ(?![a-zA-Z])", DEGREES.replace("\\", "\\\\"), s)
     s = re.sub(r"\\?%", r"\\text{ percent}", s)
     s = re.sub(r"(?<!\\)\$", "", s)
     s = re.sub(rf"\\(?:{_TEXT_WRAPPERS}) ?\{{", r"\\text{", s)
@@ -209,7 +212,8 @@ def peel_unit(tokens: list[Tok]) -> tuple[list[Tok], str, bool]:
     if len(tokens) > head and tokens[head].value == "\\$":
         tokens, dollar = tokens[:head] + tokens[head + 1 :], True
     end, unit = len(tokens), []
-    while end > 0:
+    angles = any(t.kind == "cmd" and t.value[1:] in _FUNCTIONS for t in tokens)  # \sin 30^\circ: no unit
+    while end > 0 and not (angles and tokens[end - 1].value == DEGREES):
         tok = tokens[end - 1]
         if end >= 3 and tok.kind == "num" and tok.value in ("2", "3") and tokens[end - 2].value == "^":
             if tokens[end - 3].kind == "text" or tokens[end - 3].kind == "word" and unit_is_word(tokens[end - 3]):
@@ -356,6 +360,9 @@ class _Parser:
         while self.at("!"):
             self.take()
             base = ("fact", base)
+        if self.peek() is not None and self.peek().value == DEGREES:  # an angle inside an expression
+            self.take()
+            return ("mul", (base, ("div", ("const", "pi"), ("num", "180"))))
         if self.at("^"):
             self.take()
             base = ("pow", base, self.group())
