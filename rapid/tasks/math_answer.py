@@ -506,10 +506,10 @@ class _Parser:
             self.take("\\r" + name[1:])
             return (name[1:], inner)
         if name == "{":
-            items = [] if self.at("\\}") else [self.side()]
+            items = [] if self.at("\\}") else self.set_element()
             while self.at(","):
                 self.take()
-                items.append(self.side())
+                items += self.set_element()
             self.take("\\}")
             return ("set", tuple(items))
         if name in ("overline", "angle", "triangle"):
@@ -528,6 +528,15 @@ class _Parser:
         if name == "begin":
             return self.matrix()
         raise Unreadable(f"unknown command {v}")
+
+    def set_element(self) -> list:
+        """One element of a set, or two: `\\{1 \\pm \\sqrt{5}, -2\\}` has three elements."""
+        first = self.side()
+        if not self.at("\\pm"):
+            return [first]
+        self.take()
+        second = self.side()
+        return [("add", (first, second)), ("add", (first, ("neg", second)))]
 
     def label(self):
         tok = self.take()
