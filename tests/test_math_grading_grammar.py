@@ -110,6 +110,9 @@ UNITS = [
     ("5 \\text{ pears}", "5", "How many apples did he buy?", 0.0),
     ("5 \\text{ cents}", "5", "How much did he pay, in dollars?", 0.0),
     ("5 \\text{ dollars}", "\\$5", 1.0),
+    ("5", "5\\text{ million}", 0.0),  # a unit may be left out, a magnitude may not
+    ("5 \\text{ millions}", "5\\text{ million}", 1.0),
+    ("5 \\text{ thousand}", "5\\text{ million}", 0.0),
     ("5\\text{, 6}", "5", 0.0),  # text with no word in it is no unit
     ("5 \\text{ (6)}", "5", 0.0),
     ("5 \\text{ ?}", "5", 0.0),

@@ -408,6 +408,9 @@ _NOT_UNITS = frozenset(
 )  # words of the question's phrases that change a number's meaning or hedge it; never a unit
 
 
+_MAGNITUDES = frozenset("hundred thousand million billion trillion dozen".split())
+
+
 def _unit_key(unit: str, dollar: bool) -> tuple[str, ...]:
     """A unit as sorted canonical words: `\\text{ square inches}`, `in^2` and `sq. in` are one unit."""
     unit = re.sub(r"\b([ap])\.? ?m\b\.?", r"\1m", unit.lower())  # a time of day: p.m., pm
@@ -437,8 +440,8 @@ def _unit_allowed(p: Value, g: Value, problem: str) -> bool:
     """A value may carry no unit, the gold's unit, or (where the gold has none) the unit the question asks
     for; any other text scores 0."""
     pu, gu = _unit_key(p.unit, p.dollar), _unit_key(g.unit, g.dollar)
-    if not pu:
-        return True
+    if not pu:  # a unit may be left out, a magnitude may not: 5 is not `5 \\text{ million}`
+        return not set(gu) & _MAGNITUDES
     if gu:
         return pu == gu  # another unit than the gold's: 0
     return set(pu) <= _asked_units(problem)
