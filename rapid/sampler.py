@@ -314,6 +314,23 @@ class VLLMSampler:
             options.update(kv_cache_memory_bytes=kv_cache_memory_bytes)
         self.llm = LLM(**options)
         self.sync_weights(model)
+        if torch.cuda.is_available():
+            self.warm_up()
+
+    @torch.no_grad()
+    def warm_up(self) -> None:
+        """Two tiny requests, one greedy (evaluation) and one sampled (training), each returning its
+        log-probs, so that the Triton kernels of both sampler paths are compiled at start-up rather than
+        inside the first round or the first evaluation (vLLM 0.26.0's V2 runner compiles its top-k
+        log-softmax kernel per logits dtype on first use and warns of the latency spike). The CPU
+        engine's sampler has no Triton kernels: there this is not called."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompt = [TokensPrompt(prompt_token_ids=[self.pad_id] * 4)]
+        for temperature in (0.0, 1.0):
+            params = SamplingParams(n=1, temperature=temperature, max_tokens=2, logprobs=0, ignore_eos=True)
+            self.llm.generate(prompt, params, use_tqdm=False)
 
     @torch.no_grad()
     def generate(

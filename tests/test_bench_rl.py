@@ -412,8 +412,10 @@ def test_throughput_only_trains_on_every_group():
     that trained on less than everything stops the benchmark."""
     from rapid.config import skipped_groups
 
-    cfg = bench_rl.composed(bench_rl.THROUGHPUT_OVERRIDES + ["algorithm=rapid", "algorithm.H=8"])
-    assert skipped_groups(cfg) is None
+    cfg = bench_rl.composed(bench_rl.throughput_overrides(["algorithm=rapid", "algorithm.H=8"]))
+    assert skipped_groups(cfg) is None and cfg.model.name == "Qwen2.5-0.5B-random"
+    tiny = bench_rl.composed(bench_rl.throughput_overrides(["model=tiny"]))  # the user's model replaces it
+    assert tiny.model.name == "tiny-llama" and skipped_groups(tiny) is None
     assert skipped_groups(bench_rl.composed(["algorithm=rapid"])) is not None  # the default skips
     bench_rl.check_trained_everything({"method": "PG", "trained_frac": 1.0})
     with pytest.raises(SystemExit, match="trained on 0.0% of its records"):

@@ -316,3 +316,20 @@ def test_the_engine_environment_rapid_sets(engine):
         "VLLM_USE_FLASHINFER_SAMPLER": "0",
     }
     assert engine_environment(torch.float32)["TRITON_F32_DEFAULT"] == "ieee"
+
+
+def test_warm_up_runs_a_greedy_and_a_sampled_request_with_log_probs(engine, monkeypatch):
+    """What VLLMSampler.warm_up sends the engine at start-up on a GPU (the CPU engine has no Triton
+    sampler kernels to compile, so rapid does not call it there): a greedy and a sampled request, each
+    returning log-probs, the two paths the run's evaluations and rounds take."""
+    _, _, sampler = engine
+    sent = []
+    real = sampler.llm.generate
+
+    def generate(prompts, params, **kwargs):
+        sent.append((params.temperature, params.logprobs, params.max_tokens))
+        return real(prompts, params, **kwargs)
+
+    monkeypatch.setattr(sampler.llm, "generate", generate)
+    sampler.warm_up()
+    assert sent == [(0.0, 0, 2), (1.0, 0, 2)]

@@ -121,6 +121,12 @@ def round_mfu(rows: list[dict], parameters: int, peak: float | None, num_iterati
 THROUGHPUT_OVERRIDES = ["model=qwen2.5_0.5b_random", "sampler.ignore_eos=true", "train.skip_zero_advantage=false"]
 
 
+def throughput_overrides(overrides: list[str]) -> list[str]:
+    """THROUGHPUT_OVERRIDES, then the user's (a model= of the user's replaces the random Qwen2.5-0.5B)."""
+    own_model = any(o.startswith("model=") for o in overrides)
+    return [o for o in THROUGHPUT_OVERRIDES if not (own_model and o.startswith("model="))] + overrides
+
+
 def check_trained_everything(row: dict) -> None:
     """--throughput-only: every generated group must have been trained on (train/trained_frac 1)."""
     frac = row.get("trained_frac")
@@ -817,7 +823,7 @@ def main() -> None:
     if args.throughput_only:
         # random weights score 0 everywhere: with zero-advantage groups skipped nothing would train, and the
         # ratios would say nothing of RAPID, whose gain is H updates per generation
-        overrides = THROUGHPUT_OVERRIDES + overrides
+        overrides = throughput_overrides(overrides)
     import torch
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {os.cpu_count()} cores"

@@ -10,6 +10,7 @@ backends a dense model on Hopper does not use; each with the reason).
 
     python experiments/gpu/lock.py resolve     # PyPI: pick a cp312 manylinux wheel of each, read its METADATA
     python experiments/gpu/lock.py check       # offline: the committed closure is complete and consistent
+    python experiments/gpu/lock.py fetch       # PyPI: the locked wheels missing from .whl/wheels
 
 `resolve` downloads each wheel once into the git-ignored .whl/wheels/ (experiments/gpu/stage.sh packs
 them from there), picks the newest release that meets every specifier seen for it, and writes
@@ -349,11 +350,37 @@ def resolve() -> None:
     sys.exit(check())
 
 
+def locked_wheels() -> tuple[list[Path], list[str]]:
+    """The wheel files in .whl/wheels of exactly the locked versions (one each)."""
+    locked = read_lock()
+    found = {}
+    for path in sorted(WHEELS.glob("*.whl")):
+        name, version, _, _ = parse_wheel_filename(path.name)
+        if locked.get(name) == str(version):
+            found[name] = path
+    return [found[n] for n in sorted(found)], sorted(set(locked) - set(found))
+
+
+def fetch() -> None:
+    """Download the locked wheels missing from .whl/wheels (PyPI)."""
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    _, missing = locked_wheels()
+    for name in missing:
+        download(name, SpecifierSet(f"=={read_lock()[name]}"))
+    _, missing = locked_wheels()
+    if missing:
+        raise SystemExit(f"no wheel for {', '.join(missing)}")
+
+
 if __name__ == "__main__":
     command = sys.argv[1] if len(sys.argv) > 1 else "check"
     if command == "resolve":
         resolve()
     elif command == "check":
         sys.exit(check())
+    elif command == "fetch":
+        fetch()
+    elif command == "wheels":
+        print("\n".join(str(p) for p in locked_wheels()[0]))
     else:
-        raise SystemExit("usage: python experiments/gpu/lock.py resolve | check")
+        raise SystemExit("usage: python experiments/gpu/lock.py resolve | check | fetch | wheels")

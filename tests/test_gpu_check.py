@@ -1,0 +1,74 @@
+"""experiments/gpu_check.sh, the GPU check of a 15-minute lease, run here as a dry run (DRY_RUN=1: no
+staging, the tiny random model on the CPU): one deadline, a cap per section, a status line per section,
+at most 8 result files, and a new work directory on every call."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else "python3"
+
+
+def gpu_check(tmp_path: Path, results: str, **env) -> tuple[Path, str]:
+    out = tmp_path / results
+    environ = os.environ | {"DRY_RUN": "1", "PY": PY, "WORK_ROOT": str(tmp_path / "work"), "RESULTS": str(out)}
+    proc = subprocess.run(
+        ["bash", "experiments/gpu_check.sh"], cwd=REPO, env=environ | env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out, (out / "machine.txt").read_text()
+
+
+def statuses(machine: str) -> dict[str, str]:
+    return dict(re.findall(r"^section (\w+): (.+)$", machine, re.M))
+
+
+def test_deadline_caps_and_new_work_dirs(tmp_path):
+    """~15 s: the tests section runs, the learning section is cut at its 3 s cap, and a second call with no
+    time left skips every section in a directory of its own, the first call's files untouched."""
+    out, machine = gpu_check(tmp_path, "first", SECTIONS="tests learning", CAP_learning="3", DEADLINE_S="300")
+    s = statuses(machine)
+    assert s["tests"].startswith("ok in ") and "passed" in (out / "tests.log").read_text()
+    assert re.fullmatch(r"cut at its cap in \d+ s \(cap 3 s\)", s["learning"]), s
+    assert "done in" in machine
+    before = {p.name: p.read_text() for p in out.iterdir()}
+    again, machine2 = gpu_check(tmp_path, "second", DEADLINE_S="10")
+    assert set(statuses(machine2).values()) == {"skipped (deadline: 10 s left of 10 s)"} or all(
+        v.startswith("skipped (deadline") for v in statuses(machine2).values()
+    )
+    assert len(statuses(machine2)) == 6  # every section is accounted for
+    assert {p.name: p.read_text() for p in out.iterdir()} == before
+    work = sorted((tmp_path / "work").iterdir())
+    assert len(work) == 2  # a new work directory per call
+
+
+@pytest.mark.slow
+def test_the_whole_dry_run(tmp_path):
+    """Every section with the tiny model on the CPU (about 4 minutes on 2 cores: each section starts its own
+    processes, 9 in all, and the engine section a vLLM CPU engine)."""
+    t0 = time.perf_counter()
+    out, machine = gpu_check(tmp_path, "results", DEADLINE_S="900")
+    s = statuses(machine)
+    assert list(s) == ["tests", "engine", "throughput", "memory", "learning", "trl"]
+    assert all(v.startswith("ok in ") for v in s.values()), s
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and {"engine.json", "throughput.md", "memory.md", "learning.md", "trl.md"} <= set(files)
+    engine = json.loads((out / "engine.json").read_text())
+    assert all(x["max_gap"] < 1e-4 < 1e-2 < x["old_weights_max_gap"] for x in engine["syncs"])
+    throughput = (out / "throughput.md").read_text()
+    for regime in ("## math regime", "## small regime"):
+        assert regime in throughput
+    assert throughput.count("| PG | 1.000 |") == 2 and throughput.count("| RAPID H=2 | 1.000 |") == 2  # trained on all
+    assert "| train |" in (out / "memory.md").read_text()
+    learning = (out / "learning.md").read_text()
+    assert "| PG |" in learning and "| RAPID H=8 |" in learning and "failed" not in learning
+    assert "| TRL GRPOTrainer" in (out / "trl.md").read_text()
+    print(f"dry run: {time.perf_counter() - t0:.0f} s")
