@@ -32,7 +32,9 @@ export PY=${PY:-python3}
 export DRY_RUN=${DRY_RUN:-0}
 DEADLINE_S=${DEADLINE_S:-570}          # the lease's 15 minutes, less the machine's start and the two staging calls
 SECTIONS=${SECTIONS:-tests engine throughput memory learning trl}
-export WORK=${WORK_ROOT:-/tmp/rapid-gpu-check}/$(date +%Y%m%d-%H%M%S)-$$
+if [[ "${1:-}" != --section ]]; then  # a section's process (below) inherits its call's directory
+  export WORK=${WORK_ROOT:-/tmp/rapid-gpu-check}/$(date +%Y%m%d-%H%M%S)-$$
+fi
 export RESULTS=${RESULTS:-${OUT:-$WORK/results}}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # tools/*.py run as scripts import tools.*
 # pytest files that touch the engine, the device, checkpoints or process groups
@@ -205,8 +207,10 @@ if [[ "$DRY_RUN" != 1 ]]; then
 fi
 "$PY" -c 'import torch, transformers; print("python", __import__("sys").version.split()[0], "torch", torch.__version__,
 "cuda", torch.version.cuda, "transformers", transformers.__version__)' 2>&1 | tee -a "$RESULTS/machine.txt"
-"$PY" -c 'import vllm, triton; print("vllm", vllm.__version__, "triton", triton.__version__)' 2> /dev/null |
-  tee -a "$RESULTS/machine.txt"
+if [[ "$DRY_RUN" != 1 ]]; then  # (importing vLLM takes a minute on a busy CPU)
+  "$PY" -c 'import vllm, triton; print("vllm", vllm.__version__, "triton", triton.__version__)' 2>&1 |
+    tail -1 | tee -a "$RESULTS/machine.txt"
+fi
 
 for section in $SECTIONS; do
   [[ -n "${CAP[$section]:-}" ]] || { say "section $section: unknown (tests engine throughput memory learning trl)"; continue; }
