@@ -70,6 +70,41 @@ def main(argv: list[str] | None = None) -> dict:
         run()
         sync()
     events = prof.key_averages()
+    # operators that do work (no child operator, not a view or an allocation): on a GPU each is a kernel launch
+    metadata = {
+        "aten::view",
+        "aten::as_strided",
+        "aten::t",
+        "aten::transpose",
+        "aten::expand",
+        "aten::slice",
+        "aten::select",
+        "aten::unsqueeze",
+        "aten::reshape",
+        "aten::empty",
+        "aten::empty_strided",
+        "aten::_unsafe_view",
+        "aten::alias",
+        "aten::detach",
+        "aten::lift_fresh",
+        "aten::resolve_conj",
+        "aten::resolve_neg",
+        "aten::squeeze",
+        "aten::permute",
+        "aten::_reshape_alias",
+        "aten::unbind",
+        "aten::split",
+        "aten::chunk",
+        "aten::narrow",
+        "aten::contiguous",
+        "aten::result_type",
+        "aten::is_nonzero",
+        "aten::item",
+        "aten::_local_scalar_dense",
+        "aten::size",
+        "aten::stride",
+    }
+    leaves = [e for e in prof.events() if e.name.startswith("aten::") and not e.cpu_children and e.name not in metadata]
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     total = sum(getattr(e, key) for e in events) or 1.0
     top = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:15]
@@ -94,6 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
         "floor_gflop": 2 * N * computed / 1e9,
         "achieved_gflop_per_s": 2 * N * computed / wall / 1e9,
         "operators_per_micro_batch": sum(e.count for e in events) / micro_batches,
+        "working_operators_per_micro_batch": len(leaves) / micro_batches,
         "top_operators": [
             {"name": e.key, "share": getattr(e, key) / total, "calls": e.count, "self_ms": getattr(e, key) / 1e3}
             for e in top
