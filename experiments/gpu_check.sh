@@ -107,7 +107,7 @@ section_memory() {
 
 learning_overrides() {  # learning_overrides <H>: section 5's run of H (1 = PG) on 1,024 samples
   if [[ "$DRY_RUN" == 1 ]]; then
-    echo "model=tiny sampler=hf algorithm.n_step=8 algorithm.n_group=4 train.micro_batch=8 task.n_shots=0 task.system= eval.n=4 rounds=$((2 / $1 > 0 ? 2 / $1 : 1)) algorithm.H=$1"
+    echo "model=tiny sampler=hf algorithm.n_step=4 algorithm.n_group=4 train.micro_batch=4 task.n_shots=0 task.system= eval.n=4 rounds=$((8 / $1)) algorithm.H=$1"
   else
     echo "rounds=$((1024 / (32 * $1))) algorithm.H=$1"
   fi

@@ -67,7 +67,7 @@ def test_the_whole_dry_run(tmp_path):
     assert throughput.count("| PG | 1.000 |") == 2 and throughput.count("| RAPID H=2 | 1.000 |") == 2  # trained on all
     assert "| train |" in (out / "memory.md").read_text()
     learning = (out / "learning.md").read_text()
-    assert "| PG |" in learning and "| RAPID H=8 |" in learning and "failed" not in learning
+    assert "| PG | 32 |" in learning and "| RAPID H=8 | 32 |" in learning and "failed" not in learning  # same samples
     assert "| TRL GRPOTrainer" in (out / "trl.md").read_text()
     print(f"dry run: {time.perf_counter() - t0:.0f} s")
 
@@ -117,3 +117,12 @@ def test_setup_unpacks_checked_parts_once(tmp_path):
     assert damaged.returncode == 1 and "the site parts are not all in" in damaged.stdout
     last.unlink()
     assert setup(stage, site, "unpack").returncode == 1
+
+
+def test_the_gpu_tests_it_names_exist():
+    """The tests section's files (a renamed test file would otherwise fail only on the GPU machine)."""
+    script = (REPO / "experiments" / "gpu_check.sh").read_text()
+    (names,) = re.findall(r"^GPU_TESTS=\$\{GPU_TESTS:-([^}]*)\}", script, re.M)
+    files = names.split()
+    assert len(files) >= 8 and all((REPO / f).is_file() for f in files), files
+    assert "tests/test_engine_process_group.py" in files and "tests/test_vllm_sampler.py" in files
