@@ -21,20 +21,34 @@ def _cuda_only_group(store, rank, size, timeout):
     return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "broadcast", "barrier", "destroy_process_group")
+
+
 @pytest.fixture
 def engine_like_group(tmp_path, monkeypatch):
-    if "cudaonly" not in dist.Backend.backend_list:
-        dist.Backend.register_backend("cudaonly", _cuda_only_group, devices=["cuda"])
-    dist.init_process_group("cudaonly", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.delenv("RANK", raising=False)
-    try:
+    """A world-1 default group rapid must leave alone: a CUDA-only one made here, or, where an engine of an
+    earlier test in this process left its own, that one. Either way every collective raises if called."""
+    own = not dist.is_initialized()
+    if own:
+        if "cudaonly" not in dist.Backend.backend_list:
+            dist.Backend.register_backend("cudaonly", _cuda_only_group, devices=["cuda"])
+        dist.init_process_group("cudaonly", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
         with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
             dist.all_reduce(torch.ones(1))  # the group really refuses CPU tensors: the test can fail
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    for name in COLLECTIVES:
+
+        def refuse(*args, _name=name, **kwargs):
+            raise AssertionError(f"rapid called torch.distributed.{_name} on a group that is not its own")
+
+        monkeypatch.setattr(dist, name, refuse)
+    try:
         yield
     finally:
         distributed.shutdown()
-        if dist.is_initialized():
+        monkeypatch.undo()
+        if own and dist.is_initialized():
             dist.destroy_process_group()
 
 

@@ -21,7 +21,7 @@ def gpu_check(tmp_path: Path, results: str, **env) -> tuple[Path, str]:
     out = tmp_path / results
     environ = os.environ | {"DRY_RUN": "1", "PY": PY, "WORK_ROOT": str(tmp_path / "work"), "RESULTS": str(out)}
     proc = subprocess.run(
-        ["bash", "experiments/gpu_check.sh"], cwd=REPO, env=environ | env, capture_output=True, text=True, timeout=900
+        ["bash", "experiments/gpu_check.sh"], cwd=REPO, env=environ | env, capture_output=True, text=True, timeout=2700
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out, (out / "machine.txt").read_text()
@@ -50,10 +50,10 @@ def test_deadline_caps_and_new_work_dirs(tmp_path):
 
 @pytest.mark.slow
 def test_the_whole_dry_run(tmp_path):
-    """Every section with the tiny model on the CPU (about 4 minutes on 2 cores: each section starts its own
-    processes, 9 in all, and the engine section a vLLM CPU engine)."""
+    """Every section with the tiny model on the CPU: 664 s measured on 2 cores shared with other jobs (each
+    section starts its own processes, 10 in all, the engine section a vLLM CPU engine), hence slow."""
     t0 = time.perf_counter()
-    out, machine = gpu_check(tmp_path, "results", DEADLINE_S="900")
+    out, machine = gpu_check(tmp_path, "results", DEADLINE_S="2400")
     s = statuses(machine)
     assert list(s) == ["tests", "engine", "throughput", "memory", "learning", "trl"]
     assert all(v.startswith("ok in ") for v in s.values()), s
