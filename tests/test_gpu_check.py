@@ -50,7 +50,7 @@ def test_deadline_caps_and_new_work_dirs(tmp_path):
 
 @pytest.mark.slow
 def test_the_whole_dry_run(tmp_path):
-    """Every section with the tiny model on the CPU: 664 s measured on 2 cores shared with other jobs (each
+    """Every section with the tiny model on the CPU: 200 to 660 s measured on 2 cores shared with other jobs (each
     section starts its own processes, 10 in all, the engine section a vLLM CPU engine), hence slow."""
     t0 = time.perf_counter()
     out, machine = gpu_check(tmp_path, "results", DEADLINE_S="2400")
