@@ -299,7 +299,10 @@ def train(cfg: DictConfig) -> dict:
     task, train_records, train_prompts, eval_records, eval_prompts = load_splits(t, tokenizer, cfg.eval.n, context)
     cfg.rounds, cfg.samples = run_length(cfg, len(train_records))  # rounds is None with H=auto
     if distributed.is_main():
-        write_run_files(run_dir, cfg, device, "meta_resume.json" if resume_from else "meta.json", world_size=world)
+        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None  # tools/bench_rl.py's MFU
+        parameters = sum(p.numel() for p in model.parameters())
+        meta = "meta_resume.json" if resume_from else "meta.json"
+        write_run_files(run_dir, cfg, device, meta, world_size=world, parameters=parameters, gpu=gpu)
         (run_dir / "split.json").write_text(
             json.dumps(  # which problems trained, which were held out
                 {"train": [record_id(r) for r in train_records], "eval": [record_id(r) for r in eval_records]}
@@ -501,6 +504,7 @@ def train(cfg: DictConfig) -> dict:
             dropped,
             token_stats,
         )
+        row["train/prompt_len"] = sum(len(r.prompt_ids) for r in rollouts) / max(len(rollouts), 1)  # rank 0's
         if a.dynamic_sampling:
             row["train/sampling_batches"] = batches  # DAPO: draws of (at most) H * n_step prompts' samples
         row["train/optimizer_steps"] = len(steps)  # with `samples`, the two budgets a comparison can count

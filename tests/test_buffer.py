@@ -294,7 +294,7 @@ def _dynamic_sampling_rank(rank: int, world: int, init_file: str, out: str) -> N
     from rapid.buffer import dynamic_sampling
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    distributed._owned = True
+    distributed._owned = distributed._ranks = True
     try:
         # rank 0 is full at once (two informative groups); rank 1 keeps one group per batch
         first = group(0, [1, 0]) + group(1, [0, 1]) if rank == 0 else group(0, [1, 0]) + group(1, [0, 0])

@@ -67,7 +67,7 @@ def two_steps(policy, model, mine: list[Rollout]) -> tuple[dict, list[float]]:
 def update_main(rank: int, world: int, init_file: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    distributed._owned = True
+    distributed._owned = distributed._ranks = True
     try:
         results = {}
         for parallel in ("ddp", "fsdp"):
@@ -84,7 +84,7 @@ def update_main(rank: int, world: int, init_file: str, out: str) -> None:
         if rank == 0:
             torch.save(results, out)
     finally:
-        distributed._owned = False
+        distributed._owned = distributed._ranks = False
         dist.destroy_process_group()
 
 
@@ -144,7 +144,7 @@ def checkpoint_main(rank: int, world: int, init_file: str, run_dir: str) -> None
     resumes it into a fresh sharded model, and rank 0 also into a plain one."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    distributed._owned = True
+    distributed._owned = distributed._ranks = True
     try:
         model, tok = tiny_model()
         records = minibatch(model, tok)
@@ -198,7 +198,7 @@ def checkpoint_main(rank: int, world: int, init_file: str, run_dir: str) -> None
                 f"{run_dir}/result.pt",
             )
     finally:
-        distributed._owned = False
+        distributed._owned = distributed._ranks = False
         dist.destroy_process_group()
 
 
