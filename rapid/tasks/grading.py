@@ -1,6 +1,7 @@
 """Answer extraction and comparison shared by the tasks graded on a final \\boxed{} answer:
-`last_boxed`, `parse_number` (exact numbers as fractions), `boxed_number_reward`, and `SYMBOLIC`,
-a time-bounded math-verify (sympy) equivalence check that is safe in threads and worker processes."""
+`last_boxed`, `read_number` (exactly one number and the words after it, or nothing), `parse_number`
+(the number alone), `boxed_number_reward`, and `SYMBOLIC`, a time-bounded math-verify (sympy)
+equivalence check that is safe in threads and worker processes."""
 
 from __future__ import annotations
 
