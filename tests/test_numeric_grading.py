@@ -79,6 +79,7 @@ WRONG = {
         ("\\boxed{5 ft}", "5", INCHES),
         ("\\boxed{5 \\text{ cents}}", "5", MONEY),
         ("\\boxed{5\\%}", "5", MONEY),
+        ("\\boxed{5\\%}", "5", "20% of the eggs break. How many eggs are left?"),  # % in the question, not asked
         ("\\boxed{5 hours}", "5", EGGS),
         ("\\boxed{5 \\text{ eggs per week}}", "5", EGGS),
     ],
@@ -109,6 +110,7 @@ RIGHT = [
     ("\\boxed{5 in}", "5", INCHES),
     ("\\boxed{25\\%}", "25", SHARE),
     ("\\boxed{25 \\text{ percent}}", "25", SHARE),
+    ("\\boxed{25\\%}", "25", "Of 40 students, 10 walk. Give the share who ride a bus, in percent."),
     ("\\boxed{-\\$5}", "-5", MONEY),
     ("\\boxed{\\$-5}", "-5", MONEY),
     ("\\boxed{1,234}", "1234", EGGS),

@@ -18,9 +18,10 @@ the numeric tasks"):
    before the number (`~5`), scientific notation.
 3. Words after the number are allowed only as the unit the question asks for: the words after its "how
    many" / "how much" and of an "in ..." phrase (MATH's `_asked_units`), `dollars` where the question
-   uses dollars, `percent` / `%` only where it asks for a percentage, `cents` only where it asks in
-   cents. Never a magnitude (`million`, `dozen`, `k`), a fraction or power word (`half`, `tenths`,
-   `squared`) or a hedge (`or more`, `about`, `at least`), even where the question holds that word.
+   uses dollars, `percent` / `%` only where it asks for a percentage ("what ... percent", "in percent"),
+   `cents` only where it asks in cents. Never a magnitude (`million`, `dozen`, `k`), a fraction or power
+   word (`half`, `tenths`, `squared`) or a hedge (`or more`, `about`, `at least`), even where the question
+   holds that word (`5 dozen` for "how many dozen" scores 0).
 4. Reward 1.0 if the number equals the reference exactly (as a fraction: `18`, `18.0`, `\\$18.00` are
    equal), else 0.0.
 """
@@ -45,7 +46,7 @@ NOT_UNITS = _NOT_UNITS | frozenset(
     "odd point twice thrice double triple halve third quarter fourth fifth sixth seventh eighth ninth tenth "
     "hundredth thousandth millionth squared cubed power percentage cent".split()
 )
-_ASKS_PERCENT = re.compile(r"\b(?:what|which|how (?:many|much))\b[^.?!]{0,60}?\bpercent", re.I)
+_ASKS_PERCENT = re.compile(r"\b(?:what|which|how (?:many|much))\b[^.?!]{0,60}?\bpercent|\b(?:in|as an?) percent", re.I)
 _ASKS_CENTS = re.compile(r"\bhow (?:many|much)\b[^.?!]{0,30}?\bcents\b|\bin cents\b", re.I)
 
 
