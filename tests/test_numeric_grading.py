@@ -249,3 +249,13 @@ def test_every_reference_scores_one_and_attacks_on_it_zero(split, n):
     for r in records if split == "test" else records[::10]:  # 16 attacks on each test gold, on every 10th train one
         paid += [a for a in attacks(r["final_answer"]) if gsm8k.reward(a, r) != 0.0]
     assert paid == []
+
+
+@pytest.mark.parametrize(
+    "word", ["k", "grand", "bn", "couple", "twice", "squared", "tenths", "halves", "ish", "approx", "around", "plus"]
+)
+def test_words_that_change_or_hedge_a_number_are_no_unit_even_where_the_question_holds_them(word):
+    question = f"How many {word} eggs does she sell every day?"
+    assert grade(f"\\boxed{{5 {word}}}", question=question) == 0.0
+    assert grade(f"\\boxed{{5 \\text{{ {word} eggs}}}}", question=question) == 0.0
+    assert grade("\\boxed{5 eggs}", question=question) == 1.0

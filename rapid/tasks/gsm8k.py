@@ -40,11 +40,16 @@ from rapid.tasks.math import final_answer as final_box
 FILES = {"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"}
 HUB = {"train": "openai/gsm8k:main@train", "test": "openai/gsm8k:main@test"}
 
-# words that change a number or hedge it, never a unit, whatever the question says (beyond MATH's _NOT_UNITS)
+# words that change a number or hedge it, never a unit, whatever the question says (beyond MATH's
+# _NOT_UNITS), spelled as `_unit_key` spells a unit (`plus` as `plu`, `tenths` as `tenth`)
 NOT_UNITS = _NOT_UNITS | frozenset(
-    "k mn mil mill bn grand lakh crore score gross couple few several some ish approx around circa plus minus "
-    "odd point twice thrice double triple halve third quarter fourth fifth sixth seventh eighth ninth tenth "
-    "hundredth thousandth millionth squared cubed power percentage cent".split()
+    key
+    for word in (
+        "k mn mil mill bn grand lakh crore score gross couple few several some ish approx around circa plus minus "
+        "odd point twice thrice double triple halves third quarter fourth fifth sixth seventh eighth ninth tenth "
+        "hundredth thousandth millionth squared cubed power percentage cent"
+    ).split()
+    for key in _unit_key(word, False)
 )
 _ASKS_PERCENT = re.compile(r"\b(?:what|which|how (?:many|much))\b[^.?!]{0,60}?\bpercent|\b(?:in|as an?) percent", re.I)
 _ASKS_CENTS = re.compile(r"\bhow (?:many|much)\b[^.?!]{0,30}?\bcents\b|\bin cents\b", re.I)
