@@ -111,7 +111,7 @@ def main() -> None:
         lines.append(
             f"| GSM8K {split}: 16 attacks on each gold | {len(graded)} | {sum(paid.values())} scored 1 | {ms(graded)} |"
         )
-        notes.append(f"Attacks on GSM8K {split} that scored 1, by form (G the gold): {shown}.")
+        notes.append(f"Attacks on GSM8K {split} that scored 1, by form (G the gold, G1 the gold plus one): {shown}.")
     text = "\n".join(lines + [""] + notes) + "\n"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
