@@ -138,7 +138,8 @@ def test_gsm8k_box_with_several_numbers_holds_no_answer():
     assert gsm8k.reward("\\boxed{12 or 18}", {"final_answer": "18"}) == 0.0
     assert gsm8k.reward("\\boxed{18, 12}", {"final_answer": "18"}) == 0.0
     assert gsm8k.reward("\\boxed{1, 000}", {"final_answer": "1000"}) == 0.0
-    assert gsm8k.reward("\\boxed{18 eggs}", {"final_answer": "18"}) == 1.0
+    assert gsm8k.reward("\\boxed{18 eggs}", {"final_answer": "18", "question": "How many eggs?"}) == 1.0
+    assert gsm8k.reward("\\boxed{18 eggs}", {"final_answer": "18"}) == 0.0  # no question, no unit
     assert gsm8k.reward("\\boxed{\\$1,000}", {"final_answer": "1000"}) == 1.0
 
 

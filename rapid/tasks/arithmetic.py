@@ -1,5 +1,6 @@
-"""Procedurally generated arithmetic, graded like MATH answers (the last \\boxed{} must hold the
-right number). Needs no download: the offline default task.
+"""Procedurally generated arithmetic, graded on the last \\boxed{} (not inside another box), which must
+hold exactly the right number and nothing else but a leading `\\$` (`rapid.tasks.grading.boxed_number_reward`).
+Needs no download: the offline default task.
 
 The problem set is every expression `a op b` with operands in [low, high] and op in `ops`. It
 is shuffled with `seed` and split once: the first `n_eval` problems are held out for

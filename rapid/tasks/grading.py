@@ -1,6 +1,7 @@
 """Answer extraction and comparison shared by the tasks graded on a final \\boxed{} answer:
-`last_boxed`, `parse_number` (exact numbers as fractions), `boxed_number_reward`, and `SYMBOLIC`,
-a time-bounded math-verify (sympy) equivalence check that is safe in threads and worker processes."""
+`last_boxed`, `read_number` (exactly one number and the words after it, or nothing), `parse_number`
+(the number alone), `boxed_number_reward`, and `SYMBOLIC`, a time-bounded math-verify (sympy)
+equivalence check that is safe in threads and worker processes."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import time
 from fractions import Fraction
 
 from rapid.config import ConfigError
+from rapid.tasks.math_answer import normalize, tokenize, unwrap_text
 
 
 class GradingError(RuntimeError):
@@ -44,38 +46,110 @@ def last_boxed(text: str) -> str | None:
 
 
 MAX_NUMBER_CHARS = 4000  # longer text is no number here (int() refuses over 4,300 digits anyway)
-_STRIP = re.compile(r"\\(?:text|mathrm)\{([^{}]*)\}")
-_GROUPED = re.compile(r"(?<![\d.,])(\d{1,3})((?:,\d{3})+)(?![\d,])")  # 1,234,567: one number
-_PLAIN = re.compile(r"-?\d+(\.\d+)?(/-?\d+)?")
-_FRAC = re.compile(r"(-?)\\[dt]?frac\{(-?\d+)\}\{(-?\d+)\}")
+_TILDE_FIRST = re.compile(r"[^0-9~]*~")  # `~5`, `\$~5`: a tilde before the number is "about", not a space
+_FIRST_GROUP = re.compile(r"[1-9][0-9]{0,2}")  # 1,234: the first group of a grouped number
+_GROUP = re.compile(r"[0-9]{3}(?:\.[0-9]+)?")  # ... and each later one (a decimal part on the last only)
+_UNIT_WORD = re.compile(r"[A-Za-z]+")
 
 
-def parse_number(answer: str) -> Fraction | None:
-    """A number written as an integer, decimal or simple fraction (\\frac{a}{b}, a/b), else None; never
-    raises. `$`, `\\text{}` and a trailing `.` are ignored, and so are spaces around the number but not
-    inside it (`1 2` is two numbers, not 12). Commas group thousands only in whole groups of three
-    with nothing between (`1,000`, `1{,}000`, `1,\\!000`); `1, 000` is a list of two numbers."""
-    if not isinstance(answer, str) or len(answer) > MAX_NUMBER_CHARS:
+def read_number(answer: str) -> tuple[Fraction, str] | None:
+    """(the one number `answer` is, the unit words after it) or None; never raises.
+
+    The grammar, on the tokens of `rapid.tasks.math_answer` (after its presentation-only `normalize`:
+    spacing, `$` delimiters, `\\dfrac`, thousands marks `1{,}000` `10,\\!080` `10\\,000`, a final full
+    stop, `%` as the word percent), with `\\text{}` wrappers read as the words inside them:
+
+        answer := [-] [\\$] number unit*  |  \\$ - number unit*
+        number := integer | decimal | grouped | \\frac{[-]integer}{[-]integer} | integer / integer
+        grouped:= 1-3 digits (`,` 3 digits)+ [. digits]       commas without spaces: `1,234.5`
+        unit   := a word (letters only)
+
+    Anything else, anywhere, gives None: a second number (`5 6`, `5 or 6`, `5-6`, `1, 000`), an operator
+    or relation (`x = 5`, `5+`, `\\approx 5`, `2 \\times 10^6`), a tilde before the number, a character
+    outside ASCII. The unit is returned for the caller to judge (`boxed_number_reward` takes none)."""
+    if not isinstance(answer, str) or len(answer) > MAX_NUMBER_CHARS or _TILDE_FIRST.match(answer):
         return None
-    s = _STRIP.sub(r"\1", answer).replace("\\$", "").replace("$", "").replace("\\!", "").replace("{,}", ",")
-    s = s.strip().rstrip(".").strip()
-    s = _GROUPED.sub(lambda m: m.group(1) + m.group(2).replace(",", ""), s)
+    tokens = tokenize(unwrap_text(re.sub(r"\\text\{([^{}]*)\}", r" \1 ", normalize(answer))).strip())
+    if not tokens:
+        return None
     try:
-        frac = _FRAC.fullmatch(s)
-        if frac:
-            sign, num, den = frac.groups()
-            return None if int(den) == 0 else Fraction(int(num), int(den)) * (-1 if sign else 1)
-        return Fraction(s) if _PLAIN.fullmatch(s) else None
+        return _read(tokens)
     except (ValueError, ZeroDivisionError, OverflowError, MemoryError):  # e.g. over int()'s digit limit
         return None
 
 
+def _read(t: list) -> tuple[Fraction, str] | None:
+    i, negative = 0, False
+    if t[i].value == "-" and t[i].kind == "op":
+        negative, i = True, i + 1
+    if i < len(t) and t[i].value == "\\$":
+        i += 1
+        if not negative and i < len(t) and t[i].value == "-" and t[i].kind == "op":
+            negative, i = True, i + 1
+    if i >= len(t):
+        return None
+    value, i = _magnitude(t, i)
+    if value is None:
+        return None
+    unit = t[i:]
+    if not all(tok.kind == "word" and _UNIT_WORD.fullmatch(tok.value) for tok in unit):
+        return None
+    return (-value if negative else value), " ".join(tok.value for tok in unit)
+
+
+def _int(t: list, i: int) -> tuple[int | None, int]:
+    """An integer at t[i] (a sign allowed inside a fraction's braces), and the position after it."""
+    sign = 1
+    if i < len(t) and t[i].value == "-" and t[i].kind == "op":
+        sign, i = -1, i + 1
+    if i < len(t) and t[i].kind == "num" and "." not in t[i].value:
+        return sign * int(t[i].value), i + 1
+    return None, i
+
+
+def _magnitude(t: list, i: int) -> tuple[Fraction | None, int]:
+    def op(j: int, value: str, spaced: bool = True) -> bool:
+        return j < len(t) and t[j].kind in ("op", "cmd") and t[j].value == value and (spaced or not t[j].space)
+
+    if op(i, "\\frac"):  # \frac{a}{b}
+        if not op(i + 1, "{"):
+            return None, i
+        num, j = _int(t, i + 2)
+        if num is None or not op(j, "}") or not op(j + 1, "{"):
+            return None, i
+        den, j = _int(t, j + 2)
+        if den is None or not op(j, "}") or den == 0:
+            return None, i
+        return Fraction(num, den), j + 1
+    if i >= len(t) or t[i].kind != "num":
+        return None, i
+    digits, j = t[i].value, i + 1
+    while op(j, ",", spaced=False) and j + 1 < len(t) and t[j + 1].kind == "num" and not t[j + 1].space:
+        if not (_FIRST_GROUP.fullmatch(t[i].value) and "." not in digits and _GROUP.fullmatch(t[j + 1].value)):
+            return None, i
+        digits, j = digits + t[j + 1].value, j + 2
+    if j == i + 1 and op(j, "/") and "." not in digits:  # a/b
+        den, k = _int(t, j + 1)
+        if den is None or den < 0 or den == 0:
+            return None, i
+        return Fraction(int(digits), den), k
+    return Fraction(digits), j
+
+
+def parse_number(answer: str) -> Fraction | None:
+    """The number `answer` is (`read_number`), with no unit after it, else None; never raises. `\\$`
+    before it and `\\text{}` around it are allowed: `\\$1,000`, `\\text{12}`, `\\frac{6}{4}`, `-0.5`."""
+    read = read_number(answer)
+    return read[0] if read is not None and not read[1] else None
+
+
 def boxed_number_reward(completion: str, answer: str) -> float:
-    """1.0 if the last \\boxed{} of `completion` holds a number equal to `answer`, else 0.0 (never raises)."""
-    boxed = last_boxed(completion) if isinstance(completion, str) else None
-    if boxed is None:
-        return 0.0
-    got, want = parse_number(boxed), parse_number(answer)
+    """1.0 if the completion's final box (`rapid.tasks.math.final_answer`: the last one, not inside another)
+    holds exactly the number `answer`, with nothing else but a leading `\\$`, else 0.0 (never raises)."""
+    from rapid.tasks.math import final_answer  # math imports this module: a late import, not a cycle
+
+    boxed = final_answer(completion) if isinstance(completion, str) else None
+    got, want = parse_number(boxed) if boxed is not None else None, parse_number(answer)
     return float(got is not None and want is not None and got == want)
 
 

@@ -10,7 +10,7 @@ The solved examples in the prompt show the working one step a line, carrying a r
     The answer is \\boxed{23}.
 
 so a completion that follows them is ~20 tokens a step. Only the final answer is graded: 1 if the
-last \\boxed{} holds the sum, else 0 (`rapid.tasks.grading.boxed_number_reward`). A weak model drops,
+last \\boxed{} holds exactly the sum, else 0 (`rapid.tasks.grading.boxed_number_reward`). A weak model drops,
 merges or repeats terms, or adds wrongly; RL has to make it keep count. Measured with the offline
 SmolLM2-135M-Instruct and conf/task/multistep.yaml (five terms from 1-9, one solved example), on 64
 held-out problems: greedy accuracy 0.27 with ~120-token completions, 0.09 sampled at T = 0.7; with four
