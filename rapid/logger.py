@@ -83,7 +83,7 @@ def config_summary(cfg, run_dir: Path) -> str:
 def run_dir_line(run_dir: Path, finished: bool = False) -> str:
     """Where a run writes, for the console at its start and its end."""
     if finished:
-        return f"run directory: {run_dir} (config.yaml, metrics.jsonl, summary.json)"
+        return f"run directory: {run_dir} (config.yaml, metrics.jsonl, summary.json, the trained model in model/)"
     return f"run directory: {run_dir}"
 
 

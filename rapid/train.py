@@ -292,6 +292,7 @@ def train(cfg: DictConfig) -> dict:
         cfg.model.path, cfg.model.gguf, cfg.model.architecture, cfg.model.gradient_checkpointing, seed=cfg.seed
     )
     model.to(device)
+    export_dtype = checkpoint.source_dtype(cfg.model)  # the final model is saved in the dtype it came in
     task, train_records, train_prompts, eval_records, eval_prompts = load_splits(t, tokenizer, cfg.eval.n)
     cfg.rounds, cfg.samples = run_length(cfg, len(train_records))  # rounds is None with H=auto
     if distributed.is_main():
@@ -528,6 +529,8 @@ def train(cfg: DictConfig) -> dict:
                     gathered=gathered,
                     rng_per_rank=rngs,
                 )
+                if last:  # the model to take away: <run_dir>/model, in its source's dtype
+                    checkpoint.export_model(run_dir / "model", model, tokenizer, export_dtype, gathered)
     bar.close()
     # ---------------------------------------------------------------- final evaluation and summary
     if final is None:  # resumed a finished run: report, log nothing new

@@ -35,5 +35,5 @@ def test_config_summary_is_one_line_with_the_runs_axes(tmp_path):
 def test_run_directory_lines(tmp_path):
     assert run_dir_line(tmp_path) == f"run directory: {tmp_path}"
     assert (
-        run_dir_line(tmp_path, finished=True) == f"run directory: {tmp_path} (config.yaml, metrics.jsonl, summary.json)"
+        run_dir_line(tmp_path, finished=True) == f"run directory: {tmp_path} (config.yaml, metrics.jsonl, summary.json, the trained model in model/)"
     )
