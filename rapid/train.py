@@ -42,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from rapid import adaptive_h, checkpoint, distributed, estimators
+from rapid import adaptive_h, checkpoint, console, distributed, estimators
 from rapid.buffer import ReplayBuffer, Rollout, dynamic_sampling, rank_share, trim_to_minibatches
 from rapid.config import (
     ConfigError,
@@ -246,7 +246,8 @@ def eval_and_log(
     if log:
         logger.log(row)
         logger.log_eval_outcomes(round_, correct)
-    print0(f"eval @ round {round_}: accuracy {row['eval/accuracy']:.3f} on {row['eval/n']} problems")
+    if distributed.is_main():  # above the progress bar, not inside it
+        tqdm.write(f"eval @ round {round_}: accuracy {row['eval/accuracy']:.3f} on {row['eval/n']} problems")
     return row
 
 
@@ -283,6 +284,8 @@ def train(cfg: DictConfig) -> dict:
     if resume_from is None and distributed.is_main():
         check_new_run_dir(run_dir)  # never appends to an earlier run's files
     validate(cfg, world)
+    log_file, verbose = console.log_file_of(run_dir), cfg.logger.get("verbose", False)
+    console.quiet_libraries(log_file, verbose)  # the libraries' warnings to <run_dir>/train.log (rapid/console.py)
     print0(run_dir_line(run_dir))
     a, t, o = cfg.algorithm, cfg.task, cfg.optim
     compute_dtype = resolve_dtype(cfg.model.dtype, device)
@@ -303,14 +306,15 @@ def train(cfg: DictConfig) -> dict:
             )
         )
     print0(config_summary(cfg, run_dir))
-    sampler = make_sampler(
-        cfg.sampler,
-        model,
-        tokenizer,
-        compute_dtype,
-        seed=derive_seed(cfg.seed, ENGINE_STREAM, rank) % 2**31,
-        max_len_needed=sequence_budget(train_prompts + eval_prompts, t.max_new_tokens),
-    )
+    with console.engine_start(log_file, verbose):  # the engine's C++ warnings to the log file
+        sampler = make_sampler(
+            cfg.sampler,
+            model,
+            tokenizer,
+            compute_dtype,
+            seed=derive_seed(cfg.seed, ENGINE_STREAM, rank) % 2**31,
+            max_len_needed=sequence_budget(train_prompts + eval_prompts, t.max_new_tokens),
+        )
     # the KL reference (GRPO's) is the initial policy: copied before a resume loads the checkpoint's weights
     initial = copy.deepcopy(model) if estimators.get(a.loss).reference(a) else None
     policy = CompletionLogprobs(model, temperature, share_prompt=not cfg.model.gradient_checkpointing)
