@@ -185,7 +185,8 @@ def validate(cfg: DictConfig, world: int) -> None:
                 "staleness; algorithm.behavior_logprobs=recompute (or auto) avoids it",
                 stacklevel=2,
             )
-    group_relative = a.loss in estimators.REGISTRY and not (a.loss == "topr" and a.baseline != "group_mean")
+    est = estimators.REGISTRY.get(a.loss)  # what the loss declares (rapid/estimators.py)
+    group_relative = est is not None and est.fn is not None and est.group_relative(a)
     if a.n_group == 1 and group_relative:
         warnings.warn(
             f"algorithm.n_group=1 gives every prompt a group of one completion, whose group advantage is always 0 "
@@ -276,9 +277,9 @@ def validate(cfg: DictConfig, world: int) -> None:
         h = a.get("auto_h")
         checks += [
             (
-                a.loss == "iw_grpg",
-                f"algorithm.H=auto needs algorithm.loss=iw_grpg (it reads the IW-GRPG importance "
-                f"weights), not {a.loss}",
+                est is not None and est.iw,
+                f"algorithm.H=auto reads the loss's importance weights, which algorithm.loss={a.loss} does not "
+                f"report: use algorithm.loss={' or '.join(n for n in estimators.names() if estimators.get(n).iw)}",
             ),
             (
                 a.get("num_iterations", 1) == 1 and not a.get("dynamic_sampling", False),

@@ -5,12 +5,20 @@ A loss is a pure function ``fn(x: LossInputs, a: Mapping) -> (loss [], stats {na
 holds the minibatch's tensors and normalisers, ``a`` the algorithm's settings (the `algorithm.*`
 config, or a plain dict in tests; a loss reads only the keys it declares). It is registered with
 
-    @register("name", level="token" | "sequence", keys=(...), reference=..., skip=..., check=...)
+    @register("name", level="token" | "sequence", keys=(...), reference=..., skip=..., check=...,
+              iw=..., group_relative=...)
 
-declaring what rapid.train must give it: a frozen reference model (``reference``: bool or a
-function of ``a``), and which zero-gradient groups `train.skip_zero_advantage` may leave out
-(``skip``: "equal_rewards", "zero_rewards" or None, or a function of ``a`` returning one; see
-``rapid.buffer.groups_with_gradient``). ``check(a)`` returns one sentence when a setting is wrong.
+declaring what rapid.train must give it and what it gives back: a frozen reference model
+(``reference``: bool or a function of ``a``); which zero-gradient groups `train.skip_zero_advantage`
+may leave out (``skip``: "equal_rewards", "zero_rewards" or None, or a function of ``a`` returning one;
+see ``rapid.buffer.groups_with_gradient``); ``check(a)``, one sentence when a setting is wrong;
+``iw``, whether its statistics describe truncated sequence importance weights w̄ (``clip_frac`` the
+fraction with w > η, ``staleness``, and the moments ``w_bar_mean`` / ``w_bar_sq_mean``, from which
+rapid.train takes each step's effective sample size, which `algorithm.H=auto` reads; logged under
+`iw/`); ``group_relative(a)``, whether a completion's advantage is relative to its group's (a group of
+one then learns nothing). Adding a loss touches its function here, its conf/algorithm/<name>.yaml and
+its test, nothing else. A baseline that is a program of its own rather than a loss in this loop (SFT:
+distil, then fine-tune) is registered with ``register_program(name, "module:function")``.
 
 Micro-batching contract (the one of rapid.losses and rapid.iw_grpg): ``x.n_records`` and
 ``x.n_tokens`` are the whole minibatch's record and completion-token counts; a micro-batch of whole
@@ -51,6 +59,8 @@ __all__ = [
     "Peers",
     "Estimator",
     "register",
+    "register_program",
+    "program",
     "get",
     "names",
     "compute",
@@ -105,6 +115,9 @@ class Estimator:
     reference: Flag  # a -> whether a frozen reference model's log-probs are needed
     skip: Flag  # a -> "equal_rewards" | "zero_rewards" | None
     check: Flag  # a -> None, or one sentence saying what is wrong
+    iw: bool = False  # stats describe the truncated sequence weights w̄ (clip_frac, staleness, w_bar_*): ESS, H=auto
+    group_relative: Flag = lambda a: True  # a -> whether the advantage is relative to the group's
+    program: str | None = None  # "module:function(cfg, run_dir)" run instead of the RL loop (fn is then None)
 
 
 REGISTRY: dict[str, Estimator] = {}
@@ -123,6 +136,8 @@ def register(
     reference: bool | Flag = False,
     skip: str | None | Flag = "equal_rewards",
     check: Flag | None = None,
+    iw: bool = False,
+    group_relative: bool | Flag = True,
 ) -> Callable[[LossFn], LossFn]:
     """Decorator: register ``fn`` as `algorithm.loss=name` (module docstring)."""
     if level not in ("token", "sequence"):
@@ -134,21 +149,55 @@ def register(
         if name in REGISTRY:
             raise ValueError(f"a loss named {name!r} is already registered ({REGISTRY[name].fn.__qualname__}).")
         REGISTRY[name] = Estimator(
-            name, fn, level, tuple(keys), _as_flag(reference), _as_flag(skip), check or (lambda a: None)
+            name,
+            fn,
+            level,
+            tuple(keys),
+            _as_flag(reference),
+            _as_flag(skip),
+            check or (lambda a: None),
+            iw,
+            _as_flag(group_relative),
         )
         return fn
 
     return decorate
 
 
+def register_program(name: str, program: str) -> None:
+    """Register `algorithm.loss=name` as a baseline that is a program of its own, `program` = "module:function",
+    called as function(cfg, run_dir) -> summary instead of rapid.train's loop (imported only when run)."""
+    if name in REGISTRY:
+        raise ValueError(f"a loss named {name!r} is already registered.")
+    REGISTRY[name] = Estimator(
+        name, None, "sequence", (), _as_flag(False), _as_flag(None), lambda a: None, program=program
+    )
+
+
+def program(name: str) -> Callable | None:
+    """The function that runs `algorithm.loss=name` when it is a program of its own (`register_program`), else None."""
+    est = REGISTRY.get(name)
+    if est is None or est.program is None:
+        return None
+    import importlib
+
+    module, _, function = est.program.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def names() -> list[str]:
-    return sorted(REGISTRY)
+    """The registered losses (not the baselines registered as programs of their own)."""
+    return sorted(name for name, est in REGISTRY.items() if est.fn is not None)
 
 
 def get(name: str) -> Estimator:
     """The registered loss ``name``; an unknown name raises KeyError with one sentence naming the known ones."""
     if name not in REGISTRY:
-        raise KeyError(f"algorithm.loss={name} is not a registered loss: use one of {', '.join(names())}")
+        programs = sorted(n for n, est in REGISTRY.items() if est.program)
+        raise KeyError(
+            f"algorithm.loss={name} is not a registered loss: use one of {', '.join(names())}"
+            + (f" (or {', '.join(programs)}, a baseline run as a program of its own)" if programs else "")
+        )
     return REGISTRY[name]
 
 
@@ -157,7 +206,7 @@ def problem(a: Mapping[str, Any]) -> str | None:
     try:
         est = get(a["loss"])
     except KeyError as e:
-        return e.args[0] + " (or sft, the distillation baseline)"
+        return e.args[0]
     missing = [k for k in est.keys if k not in a]
     if missing:
         return (
@@ -403,6 +452,7 @@ def _advantages(x: LossInputs, fn: Callable[[Tensor, Tensor], Tensor]) -> Tensor
     keys=("eta", "leave_one_out", "iw_baseline", "iw_gradient"),
     # Eq. 4's baseline is 0 only for all-zero groups (an all-correct group has A = 1 − mean w̄)
     skip=lambda a: "zero_rewards" if a["iw_baseline"] else "equal_rewards",
+    iw=True,
 )
 def iw_grpg(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
     """RAPID (and PG at H = 1): IW-GRPG, Eq. 3-5 (rapid/iw_grpg.py)."""
@@ -430,6 +480,7 @@ def iw_grpg(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, floa
     level="sequence",
     keys=("eta", "leave_one_out"),
     skip="zero_rewards",  # the masked-IW baseline, like Eq. 4's, is 0 for an all-zero group only
+    iw=True,
     check=lambda a: (
         None
         if a["eta"] is not None and a["eta"] >= 1
@@ -583,8 +634,12 @@ def _topr_check(a: Mapping[str, Any]) -> str | None:
     # a constant baseline gives every group a non-zero advantage; the group mean zeroes equal-reward groups
     skip=lambda a: "equal_rewards" if a["baseline"] == "group_mean" else None,
     check=_topr_check,
+    group_relative=lambda a: a["baseline"] == "group_mean",  # a constant c: A = R - c learns from a group of one
 )
 def topr(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
     return topr_loss(
         *_seq(x), _advantages(x, lambda r, g: topr_advantages(r, g, a["baseline"])), normalizer=x.n_records
     )
+
+
+register_program("sft", "rapid.sft:distill_and_sft")  # the paper's SFT baseline: rapid.distill, then rapid.sft

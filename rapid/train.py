@@ -84,7 +84,6 @@ from rapid.profiling import PhaseClock
 from rapid.rewards import score, self_test
 from rapid.sampler import make_sampler, sequence_budget
 from rapid.seeding import BUFFER_STREAM, ENGINE_STREAM, EVAL_STREAM, PROMPT_STREAM, SAMPLE_STREAM, derive_seed
-from rapid.sft import distill_and_sft
 from rapid.tasks import load_splits, record_id
 
 register_resolvers()
@@ -220,6 +219,7 @@ def eval_and_log(
     prompts: list[list[int]],
     logger: MetricsLogger,
     round_: int,
+    samples: int,
     *,
     rank: int,
     world: int,
@@ -242,7 +242,7 @@ def eval_and_log(
         device=device,
         outcomes=correct,
     )
-    row = {"round": round_, **row, "time/eval_s": time.perf_counter() - t0}
+    row = {"progress/round": round_, "progress/samples": samples, **row, "time/eval_s": time.perf_counter() - t0}
     if log:
         logger.log(row)
         logger.log_eval_outcomes(round_, correct)
@@ -255,8 +255,9 @@ def eval_and_log(
 @exit_on_config_error
 def main(cfg: DictConfig) -> dict | None:
     try:
-        if cfg.algorithm.loss == "sft":  # the SFT baseline: rapid.distill, then rapid.sft, in one run
-            return distill_and_sft(cfg, Path(HydraConfig.get().runtime.output_dir))
+        program = estimators.program(cfg.algorithm.loss)  # a baseline run as its own program (SFT)
+        if program is not None:
+            return program(cfg, Path(HydraConfig.get().runtime.output_dir))
         return train(cfg)
     finally:
         distributed.shutdown()
@@ -381,7 +382,7 @@ def train(cfg: DictConfig) -> dict:
     )
     t_start = time.perf_counter() - elapsed0
     if start_round == 0 and cfg.eval.at_start:
-        run_eval(0)
+        run_eval(0, 0)
     buffer = ReplayBuffer()
     bar = tqdm(
         total=cfg.samples,
@@ -453,7 +454,7 @@ def train(cfg: DictConfig) -> dict:
                     skip_groups=skip_groups,
                     spanning=spanning,
                 )
-                if "w_bar_mean" in stats:  # IW-GRPG: the ESS of the records trained on, over all ranks
+                if estimator.iw and "records" in stats:  # the ESS of the w̄ of the records trained on, over all ranks
                     n = stats["records"]  # 0 for a DDP placeholder group
                     w1, w2, n = all_reduce_sum([stats["w_bar_mean"] * n, stats["w_bar_sq_mean"] * n, n], device)
                     if n > 0:
@@ -479,20 +480,23 @@ def train(cfg: DictConfig) -> dict:
         round_s = time.perf_counter() - t0
         # 7. log (sums over ranks, then means; times and memory are rank 0's)
         row = round_row(
-            round_ + 1,
-            samples_done,
-            stream.epoch + stream.pos / len(train_records),
+            {
+                "progress/round": round_ + 1,
+                "progress/samples": samples_done,
+                "progress/epoch": stream.epoch + stream.pos / len(train_records),
+                "time/wall_s": time.perf_counter() - t_start,
+            },
             rollouts,
             steps,
-            failed,
-            mismatch,
-            guard.take_count(),
-            clock.row(),
-            round_s,
-            time.perf_counter() - t_start,
-            world,
-            device,
-            dropped,
+            phases=clock.row(),
+            round_s=round_s,
+            world=world,
+            device=device,
+            failed=failed,
+            mismatch=mismatch,
+            nonfinite_steps=guard.take_count(),
+            dropped=dropped,
+            iw=estimator.iw,
         )
         if a.dynamic_sampling:
             row["train/sampling_batches"] = batches  # DAPO: batches of H * n_step prompts' samples generated
@@ -513,7 +517,7 @@ def train(cfg: DictConfig) -> dict:
         last = samples_done >= cfg.samples
         crossed = samples_done // every_samples > (samples_done - generated) // every_samples
         if (cfg.eval.every and (round_ + 1) % cfg.eval.every == 0) or crossed or last:
-            final = run_eval(round_ + 1)
+            final = run_eval(round_ + 1, samples_done)
         if (cfg.ckpt.every and (round_ + 1) % cfg.ckpt.every == 0) or last:
             gathered = checkpoint.gather(model, optimizer)  # sharded: whole tensors on rank 0 (every rank joins)
             rngs = checkpoint.gather_rng_states()
@@ -538,7 +542,7 @@ def train(cfg: DictConfig) -> dict:
     bar.close()
     # ---------------------------------------------------------------- final evaluation and summary
     if final is None:  # resumed a finished run: report, log nothing new
-        final = run_eval(round_, log=False)
+        final = run_eval(round_, samples_done, log=False)
     summary = {
         "rounds": round_,
         "samples": samples_done,

@@ -269,9 +269,9 @@ def test_smoke_run_per_estimator(tmp_path, name):
     launch(["+experiment=smoke", f"algorithm={name}", "algorithm.H=2", "rounds=2", "eval.every=0",
             "ckpt.every=0", f"hydra.run.dir={run}"], tmp_path)  # fmt: skip
     rows = train_rows(read_rows(run))
-    assert [r["round"] for r in rows] == [1, 2]
+    assert [r["progress/round"] for r in rows] == [1, 2]
     for r in rows:
         assert r["train/trained_frac"] == 1.0 and math.isfinite(r["train/loss"])
-    stat = {"cispo": "iw/clip_frac", "gspo": "loss/log_ratio_abs_mean", "dr_grpo": "loss/kl_mean",
+    stat = {"cispo": "loss/clip_frac", "gspo": "loss/log_ratio_abs_mean", "dr_grpo": "loss/kl_mean",
             "topr": "loss/trunc_frac", "rapid_mask": "iw/clip_frac"}[name]  # fmt: skip
     assert all(stat in r for r in rows), sorted(rows[0])

@@ -3,6 +3,7 @@ declares (reference model, skippable groups), the yaml that selects it, and addi
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,11 @@ def test_unknown_loss_is_one_sentence_listing_the_known_ones():
         (["algorithm=dr_grpo", "algorithm.kl_coef=-0.1"], "algorithm.kl_coef=-0.1 must be >= 0"),
         (["algorithm=topr", "algorithm.baseline=mean"], "algorithm.baseline=mean must be a number"),
         (["algorithm=rapid_mask", "algorithm.eta=null"], "algorithm.eta=None must be a number >= 1"),
-        (["algorithm=topr", "algorithm.H=auto", "samples=64"], "algorithm.H=auto needs algorithm.loss=iw_grpg"),
+        (
+            ["algorithm=topr", "algorithm.H=auto", "samples=64"],
+            "algorithm.H=auto reads the loss's importance weights, which algorithm.loss=topr does not report: "
+            "use algorithm.loss=iw_grpg or rapid_mask",
+        ),
     ],
 )
 def test_bad_combinations_are_one_sentence(overrides, words):
@@ -125,3 +130,30 @@ def test_adding_a_loss_is_one_function():
     with pytest.raises(ValueError, match="skip must be one of"):
         estimators.register("x", level="token", skip="all")
     assert "x" not in estimators.REGISTRY
+
+
+def test_what_a_loss_declares_decides_the_loop_and_the_checks():
+    """iw (importance-weight statistics: ESS, iw/ names, H=auto), group_relative (the n_group = 1 warning) and a
+    program of its own (SFT) are declared on the estimator, so no check names a loss."""
+    assert [n for n in estimators.names() if estimators.get(n).iw] == ["iw_grpg", "rapid_mask"]
+    topr = estimators.get("topr")
+    assert not topr.group_relative({"baseline": 0.5}) and topr.group_relative({"baseline": "group_mean"})
+    assert estimators.get("grpo").group_relative({}) and "sft" not in estimators.names()
+    from rapid.sft import distill_and_sft
+
+    assert estimators.program("sft") is distill_and_sft and estimators.program("iw_grpg") is None
+    validate(config("algorithm=rapid_mask", "algorithm.H=auto", "samples=64", "rounds=null"), 1)
+
+    @estimators.register("weighted", level="sequence", iw=True, group_relative=lambda a: False)
+    def weighted(x: LossInputs, a):
+        return x.logp.sum() * 0, {}
+
+    try:  # a new loss that reports importance weights runs with H=auto; one of its own baseline warns nothing
+        validate(config("algorithm.loss=weighted", "algorithm.H=auto", "samples=64", "rounds=null"), 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            validate(config("algorithm.loss=weighted", "algorithm.n_group=1", "algorithm.n_step=8"), 1)
+        with pytest.warns(UserWarning, match="learns nothing"):
+            validate(config("algorithm=gspo", "algorithm.n_group=1", "algorithm.n_step=8"), 1)
+    finally:
+        del estimators.REGISTRY["weighted"]
