@@ -68,19 +68,21 @@ done
 # per configuration: the fraction of records or tokens each estimator clips, masks or tapers, and the
 # wall time per generated sample (the sum of time/round_s over 1,024 samples), mean over its seeds
 "$PY" - "$OUT" > "$OUT/../estimators.md" << 'PYEOF'
-import json, statistics, sys
+import statistics, sys
 from pathlib import Path
+
+from rapid.logger import read_metrics  # today's names, whichever a run was written with
 
 runs = {}
 for d in sorted(Path(sys.argv[1]).glob("*,seed=*")):
-    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()] if (d / "metrics.jsonl").exists() else []
+    rows = read_metrics(d) if (d / "metrics.jsonl").exists() else []
     train = [r for r in rows if "time/round_s" in r]
     if not (d / "summary.json").exists() or not train:
         continue
-    frac = [r.get("iw/clip_frac", r.get("loss/trunc_frac")) for r in train]
+    frac = [r.get("iw/clip_frac", r.get("loss/clip_frac", r.get("loss/trunc_frac"))) for r in train]
     frac = [f for f in frac if f is not None]
     runs.setdefault(d.name.rsplit(",seed=", 1)[0], []).append(
-        (statistics.mean(frac) if frac else float("nan"), sum(r["time/round_s"] for r in train) / train[-1]["samples"])
+        (statistics.mean(frac) if frac else float("nan"), sum(r["time/round_s"] for r in train) / train[-1]["progress/samples"])
     )
 print("| configuration | seeds | clip / mask / taper fraction | wall s per sample |")
 print("|---|---:|---:|---:|")
