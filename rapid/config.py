@@ -334,6 +334,7 @@ def with_current_defaults(saved) -> DictConfig:
     top.pop("defaults", None)
     defaults = OmegaConf.merge(base, {"algorithm": OmegaConf.load(CONF / "algorithm" / "rapid.yaml")}, top)
     cfg = OmegaConf.merge(defaults, saved)
+    estimators.upgrade_settings(cfg.algorithm)  # earlier names of loss settings, as today's
     model = cfg.get("model")
     if model is not None and model.get("gguf") and model.get("path") == PACKAGED_MODEL_HUB_ID:
         # written when a packaged GGUF took precedence over model.path: the run loaded the GGUF

@@ -61,6 +61,7 @@ __all__ = [
     "register",
     "register_program",
     "program",
+    "upgrade_settings",
     "get",
     "names",
     "compute",
@@ -216,6 +217,36 @@ def problem(a: Mapping[str, Any]) -> str | None:
     return est.check(a)
 
 
+# Earlier names of loss settings -> today's (one name per knob: the papers' ε_low / ε_high, TRL's β).
+DEPRECATED = {
+    "clip_eps": ("eps_low", "eps_high"),
+    "clip_low": ("eps_low",),
+    "clip_high": ("eps_high",),
+    "kl_coef": ("beta",),
+}
+
+
+def upgrade_settings(a) -> list[str]:
+    """Read the earlier names of `DEPRECATED` in the `algorithm.*` settings ``a`` (a DictConfig or dict, changed in
+    place) as today's: a set one is copied to its new names (where it wins over their defaults) and removed. Returns
+    one notice per earlier name that was set."""
+    notices = []
+    for old, new in DEPRECATED.items():
+        if old not in a:
+            continue
+        value = a[old]
+        a.pop(old)
+        if value is None:
+            continue
+        for key in new:
+            a[key] = value
+        notices.append(
+            f"algorithm.{old} is an earlier name: read as {' '.join(f'algorithm.{k}={value}' for k in new)} "
+            "(set those instead)"
+        )
+    return notices
+
+
 def compute(name: str, x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
     """loss, stats of the registered loss ``name`` on ``x`` with settings ``a``."""
     return get(name).fn(x, a)
@@ -285,8 +316,8 @@ def gspo_loss(
     logp_old: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
     normalizer: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """GSPO (arXiv 2507.18071, Eq. 5-7): PPO clipping of the length-normalised sequence ratio.
@@ -294,12 +325,12 @@ def gspo_loss(
     logp, logp_old, mask [B, T], advantages [B] -> loss [], stats. With
     s_n = exp((1/T_n) Σ_t (logp_nt − logp_old_nt)) (the geometric mean of the token ratios),
 
-        loss = −(1/normalizer) Σ_n min(s_n A_n, clip(s_n, 1 − clip_low, 1 + clip_high) A_n),
+        loss = −(1/normalizer) Σ_n min(s_n A_n, clip(s_n, 1 − eps_low, 1 + eps_high) A_n),
 
     ``normalizer`` the records of the whole minibatch (default: this call's B). Unclipped,
     ∂loss/∂logp_nt = −s_n A_n / (T_n · normalizer); a clipped sequence has no gradient. stats
     (means over this call's records): ``clip_frac`` (clip active), ``clip_frac_low`` (A < 0,
-    s < 1 − clip_low), ``clip_frac_high`` (A > 0, s > 1 + clip_high), ``ratio_mean`` (mean s),
+    s < 1 − eps_low), ``clip_frac_high`` (A > 0, s > 1 + eps_high), ``ratio_mean`` (mean s),
     ``log_ratio_abs_mean`` (mean |log s|).
     """
     dtype = _dtype(logp)
@@ -309,12 +340,12 @@ def gspo_loss(
     log_s = ((lp - lp_old).sum(-1) / lengths).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)  # [B]
     s = log_s.exp()
     adv = advantages.detach().to(dtype)
-    obj = torch.minimum(s * adv, s.clamp(1.0 - clip_low, 1.0 + clip_high) * adv)  # [B]
+    obj = torch.minimum(s * adv, s.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)  # [B]
     b = float(logp.shape[0]) if normalizer is None else float(normalizer)
     loss = -obj.sum() / b
     sd = s.detach()
-    low = ((adv < 0) & (sd < 1.0 - clip_low)).to(dtype).mean()
-    high = ((adv > 0) & (sd > 1.0 + clip_high)).to(dtype).mean()
+    low = ((adv < 0) & (sd < 1.0 - eps_low)).to(dtype).mean()
+    high = ((adv > 0) & (sd > 1.0 + eps_high)).to(dtype).mean()
     values = torch.stack([low + high, low, high, sd.mean(), log_s.detach().abs().mean()]).tolist()
     return loss, dict(zip(("clip_frac", "clip_frac_low", "clip_frac_high", "ratio_mean", "log_ratio_abs_mean"), values))
 
@@ -500,17 +531,26 @@ def rapid_mask(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, f
 
 
 def _kl_check(a: Mapping[str, Any]) -> str | None:
-    return _positive(a, "clip_eps") or (
-        None if a["kl_coef"] >= 0 else f"algorithm.kl_coef={a['kl_coef']} must be >= 0 (0: no reference model)"
+    return _clip_check(a) or (
+        None if a["beta"] >= 0 else f"algorithm.beta={a['beta']} must be >= 0 (0: no reference model)"
+    )
+
+
+def _clip_check(a: Mapping[str, Any]) -> str | None:
+    """The ratio clip [1 − eps_low, 1 + eps_high]: both > 0, and 1 − eps_low > 0."""
+    return _positive(a, "eps_low", "eps_high") or (
+        None
+        if a["eps_low"] < 1
+        else f"algorithm.eps_low={a['eps_low']} must be < 1 (the clip is [1 − eps_low, 1 + eps_high])"
     )
 
 
 @register(
     "grpo",
     level="token",
-    keys=("clip_eps", "kl_coef", "aggregation"),
-    reference=lambda a: a["kl_coef"] > 0,
-    skip=lambda a: None if a["kl_coef"] > 0 else "equal_rewards",  # the KL term pulls on every group
+    keys=("eps_low", "eps_high", "beta", "aggregation"),
+    reference=lambda a: a["beta"] > 0,
+    skip=lambda a: None if a["beta"] > 0 else "equal_rewards",  # the KL term pulls on every group
     check=_kl_check,
 )
 def grpo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
@@ -521,15 +561,16 @@ def grpo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]
         x.logp_ref,
         _advantages(x, _losses.group_normalized_advantages),
         x.mask,
-        clip_eps=a["clip_eps"],
-        kl_coef=a["kl_coef"],
+        clip_eps=a["eps_low"],
+        clip_eps_high=a["eps_high"],
+        kl_coef=a["beta"],
         aggregation=a["aggregation"],
         max_tokens=x.max_tokens,
         normalizer=x.n_tokens if a["aggregation"] == "token_mean" else x.n_records,
     )
 
 
-@register("dapo", level="token", keys=("clip_low", "clip_high"), check=lambda a: _positive(a, "clip_low", "clip_high"))
+@register("dapo", level="token", keys=("eps_low", "eps_high"), check=_clip_check)
 def dapo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
     """DAPO: rapid.losses.dapo_loss on std-normalised group advantages."""
     return _losses.dapo_loss(
@@ -537,8 +578,8 @@ def dapo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]
         x.logp_old,
         _advantages(x, _losses.group_normalized_advantages),
         x.mask,
-        clip_low=a["clip_low"],
-        clip_high=a["clip_high"],
+        clip_low=a["eps_low"],
+        clip_high=a["eps_high"],
         normalizer=x.n_tokens,
     )
 
@@ -546,9 +587,9 @@ def dapo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]
 @register(
     "dr_grpo",
     level="token",
-    keys=("clip_eps", "kl_coef"),
-    reference=lambda a: a["kl_coef"] > 0,
-    skip=lambda a: None if a["kl_coef"] > 0 else "equal_rewards",
+    keys=("eps_low", "eps_high", "beta"),
+    reference=lambda a: a["beta"] > 0,
+    skip=lambda a: None if a["beta"] > 0 else "equal_rewards",
     check=_kl_check,
 )
 def dr_grpo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
@@ -560,8 +601,9 @@ def dr_grpo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, floa
         x.logp_ref,
         _advantages(x, lambda r, g: _losses.group_normalized_advantages(r, g, scale=None)),
         x.mask,
-        clip_eps=a["clip_eps"],
-        kl_coef=a["kl_coef"],
+        clip_eps=a["eps_low"],
+        clip_eps_high=a["eps_high"],
+        kl_coef=a["beta"],
         aggregation="constant",
         max_tokens=x.max_tokens,
         normalizer=x.n_records,
@@ -589,15 +631,8 @@ def cispo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]
 @register(
     "gspo",
     level="sequence",
-    keys=("clip_low", "clip_high"),
-    check=lambda a: (
-        _positive(a, "clip_low", "clip_high")
-        or (
-            None
-            if a["clip_low"] < 1
-            else f"algorithm.clip_low={a['clip_low']} must be < 1 (the clip is [1 − clip_low, 1 + clip_high])"
-        )
-    ),
+    keys=("eps_low", "eps_high"),
+    check=_clip_check,
 )
 def gspo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
     return gspo_loss(
@@ -605,8 +640,8 @@ def gspo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]
         x.logp_old,
         _advantages(x, _losses.group_normalized_advantages),
         x.mask,
-        clip_low=a["clip_low"],
-        clip_high=a["clip_high"],
+        eps_low=a["eps_low"],
+        eps_high=a["eps_high"],
         normalizer=x.n_records,
     )
 

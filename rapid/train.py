@@ -38,7 +38,7 @@ from pathlib import Path
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
@@ -279,7 +279,10 @@ def train(cfg: DictConfig) -> dict:
         if ignored:
             print0(f"resume continues with the run's saved config; ignoring {' '.join(ignored)}")
         cfg = checkpoint.load_config(resume_from)  # the run continues with the config it started with
-    else:  # a new run: every key known (rapid/config.py)
+    else:  # a new run: earlier key names read as today's, then every key known (rapid/config.py)
+        with open_dict(cfg):
+            for notice in estimators.upgrade_settings(cfg.algorithm):
+                print0(notice)
         check_known_keys(cfg)
     rank, world, device = distributed.init(cfg.device)
     if resume_from is None and distributed.is_main():
@@ -350,7 +353,7 @@ def train(cfg: DictConfig) -> dict:
     )
 
     estimator = estimators.get(a.loss)  # the loss and what it needs (rapid/estimators.py)
-    reference = None  # a KL anchor (GRPO, Dr. GRPO with kl_coef > 0): a frozen copy of the initial policy
+    reference = None  # a KL anchor (GRPO, Dr. GRPO with beta > 0): a frozen copy of the initial policy
     if estimator.reference(a):
         reference = CompletionLogprobs(
             initial.requires_grad_(False).eval(),

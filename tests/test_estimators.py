@@ -20,11 +20,11 @@ D = torch.float64
 SETTINGS = {  # each loss's conf/algorithm yaml values (checked against the files in test_registry.py)
     "iw_grpg": {"eta": 2.0, "leave_one_out": False, "iw_baseline": True, "iw_gradient": True},
     "rapid_mask": {"eta": 2.0, "leave_one_out": False},
-    "grpo": {"clip_eps": 0.2, "kl_coef": 0.04, "aggregation": "seq_mean_token_mean"},
-    "dapo": {"clip_low": 0.2, "clip_high": 0.28},
-    "dr_grpo": {"clip_eps": 0.2, "kl_coef": 0.0},
+    "grpo": {"eps_low": 0.2, "eps_high": 0.2, "beta": 0.04, "aggregation": "seq_mean_token_mean"},
+    "dapo": {"eps_low": 0.2, "eps_high": 0.28},
+    "dr_grpo": {"eps_low": 0.2, "eps_high": 0.2, "beta": 0.0},
     "cispo": {"eps_high": 4.0, "eps_low": None},
-    "gspo": {"clip_low": 3e-4, "clip_high": 4e-4},
+    "gspo": {"eps_low": 3e-4, "eps_high": 4e-4},
     "topr": {"baseline": 0.5},
 }
 

@@ -428,6 +428,7 @@ def predict_runs(rows: list[dict], cm: dict, lengths_from: Path | None = None) -
     `shared_length_groups`)."""
     from omegaconf import OmegaConf
 
+    from rapid import estimators
     from rapid.config import with_current_defaults
 
     model = cost_model_module()
@@ -450,7 +451,7 @@ def predict_runs(rows: list[dict], cm: dict, lengths_from: Path | None = None) -
             completion_len=row["completion_len"],
             length_groups=rollout_length_groups(run_dir) or shared,
             passes=a.num_iterations,
-            reference=a.loss == "grpo" and a.get("kl_coef", 0) > 0,
+            reference=estimators.get(a.loss).reference(a),
             recompute=a.behavior_logprobs == "recompute",
             trained_frac=row.get("trained_frac") or 1.0,
         )
