@@ -13,6 +13,10 @@ Each round t:
         g   = (1/B) Σ_n w̄_n A_n ∇ log π_θ(y_n|x_n)
      On the first step of a round θ = μ, so w = 1 and this is plain GRPG (Eq. 2);
   6. push the new weights into the sampler, in place.
+The loop in `train` is this list, one line or one named helper per step: each variant sits in the helper
+of its step (DAPO's dynamic sampling in `sample_round`, groups spanning ranks in `fill_buffer`, the exact
+log μ in `recompute_log_mu`, H=auto's early stop in `gradient_steps`) or is declared on its loss
+(rapid/estimators.py); what a run builds before its first round, and its summary, are in rapid/run.py.
 PG is the same loop with H = 1 (`algorithm=pg`). With `algorithm.H=auto` each round's H is chosen from
 the previous rounds' importance weights and phase times (rapid/adaptive_h.py), and the run ends when
 its sample budget (`samples`) is spent.
@@ -99,7 +103,8 @@ def train(cfg: DictConfig) -> dict:
             run.sampler.sync_weights(run.model)
         round_s = time.perf_counter() - t0
         # 7. log; evaluate and checkpoint when due
-        row = log_round(run, round_, H, rollouts, steps, ess, clock, round_s, failed, mismatch, dropped, batches)
+        row = log_round(run, round_, H, rollouts, steps, ess, clock, round_s,
+                        failed=failed, mismatch=mismatch, dropped=dropped, batches=batches)  # fmt: skip
         bar.update(generated)
         bar.set_postfix(**progress_fields(row, H))
         last = run.samples >= cfg.samples
@@ -285,6 +290,7 @@ def log_round(
     ess: list[tuple[int, float]],
     clock: PhaseClock,
     round_s: float,
+    *,
     failed: int,
     mismatch: float | None,
     dropped: int | None,
