@@ -74,6 +74,8 @@ def quiet_libraries(log_file: Path, verbose: bool) -> None:
     except ImportError:
         pass
     original = warnings.showwarning
+    if getattr(original, "rapid_console", False):  # installed by an earlier run of this process (multirun)
+        return
 
     def show(message, category, filename, lineno, file=None, line=None):
         if from_rapid(filename):
@@ -81,6 +83,7 @@ def quiet_libraries(log_file: Path, verbose: bool) -> None:
         text = warnings.formatwarning(message, category, filename, lineno, line).rstrip()
         logging.getLogger("py.warnings").warning(text)
 
+    show.rapid_console = True
     warnings.showwarning = show
 
 
