@@ -13,7 +13,7 @@ TORCH := $(if $(HAS_CUDA),torch==2.11.0,torch==2.13.0)
 EXTRAS := $(if $(HAS_CUDA),gpu,cpu),dev,bench
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-all lint format smoke sweep-h default-results bench bench-rl bench-rl-gpu clean clip-bias \
+.PHONY: help install run test test-all lint format smoke sweep-h default-results bench bench-rl bench-rl-gpu gpu-check clean clip-bias \
         reproduce-table1 reproduce-table2 reproduce-table3 reproduce-table4 \
         reproduce-table1-cpu reproduce-table2-cpu reproduce-table3-cpu reproduce-table4-cpu reproduce-ablations-cpu
 
@@ -87,6 +87,9 @@ rapid-vs-pg-power: install  ## RAPID H=8 vs PG, small-step regime, 8 seeds x 200
 
 bench-rl-gpu: install  ## the same on GPUs with Qwen2.5-0.5B-Instruct (NPROC=4 for 4 GPUs; THROUGHPUT_ONLY=1 offline)
 	bash experiments/bench_rl_gpu.sh
+
+gpu-check:  ## on a lent GPU machine, once the staged parts are there: unpack, imports, the GPU checks under one deadline (docs/gpu.md)
+	bash experiments/gpu_check.sh
 
 # ---------------------------------------------------------------- the paper's tables, in one command each
 # Paper scale (GPU machines, the paper's models from the Hugging Face Hub): every run of a table is a

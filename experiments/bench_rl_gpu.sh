@@ -2,7 +2,7 @@
 # tools/bench_rl.py on GPUs with Qwen2.5-0.5B-Instruct (a model of the paper), bf16, the paper's n_group 4.
 #   experiments/bench_rl_gpu.sh            # 1 GPU, MATH (needs the weights and RAPID_DATA_DIR or the Hub)
 #   NPROC=4 experiments/bench_rl_gpu.sh    # 4 GPUs: every rapid run under torchrun (one engine per rank)
-#   THROUGHPUT_ONLY=1 experiments/bench_rl_gpu.sh   # no download: random Qwen2.5-0.5B weights,
+#   THROUGHPUT_ONLY=1 experiments/bench_rl_gpu.sh   # no download: random Qwen2.5-0.5B weights, every group trained,
 #                                          # arithmetic prompts, every completion exactly 512 tokens
 # Results go to experiments/results/bench_rl_gpu_<nproc>x[_throughput]/ (name the GPU when committing).
 # Extra arguments are passed to tools/bench_rl.py (e.g. --seeds 0 1 2, or Hydra overrides).

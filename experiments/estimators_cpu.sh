@@ -13,7 +13,9 @@
 # Resumable: a run's directory is its lock and its record; a run that finished (summary.json) is skipped,
 # one that was interrupted (a directory without summary.json and no live worker) is started again with
 # RERUN_UNFINISHED=1. Runs land in $OUT/<override>,seed=<s>; then runs.csv + stats.md (95% bootstrap
-# intervals over seeds, tools/stats.py) and estimators.md (clip / mask / taper fractions, time per sample).
+# intervals over seeds, paired tests against RAPID with Holm's correction, tools/stats.py) and estimators.md
+# (clip / mask / taper fractions, optimizer steps, time per sample). Every run generates 1,024 samples
+# (DAPO's dynamic sampling included: its extra draws stop at the budget).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -65,11 +67,14 @@ for item in "${Q[@]}"; do
   rm -rf "$d/checkpoints"   # the final checkpoint (~1.6 GB) is not needed for the table
 done
 "$PY" tools/stats.py "$OUT" --out "$OUT/.." --versus algorithm=rapid
-# per configuration: the fraction of records or tokens each estimator clips, masks or tapers, and the
-# wall time per generated sample (the sum of time/round_s over 1,024 samples), mean over its seeds
+# per configuration: the fraction of records or tokens each estimator clips, masks or tapers, the optimizer
+# steps taken (summary.json; a fixed-H run without it: rounds x H x num_iterations) and the wall time per
+# generated sample (the sum of time/round_s over 1,024 samples), mean over its seeds
 "$PY" - "$OUT" > "$OUT/../estimators.md" << 'PYEOF'
-import statistics, sys
+import json, statistics, sys
 from pathlib import Path
+
+import yaml
 
 from rapid.logger import read_metrics  # today's names, whichever a run was written with
 
@@ -81,11 +86,14 @@ for d in sorted(Path(sys.argv[1]).glob("*,seed=*")):
         continue
     frac = [r.get("iw/clip_frac", r.get("loss/clip_frac", r.get("loss/trunc_frac"))) for r in train]
     frac = [f for f in frac if f is not None]
+    a = yaml.safe_load((d / "config.yaml").read_text())["algorithm"]
+    steps = json.loads((d / "summary.json").read_text()).get("optimizer_steps") or len(train) * a["H"] * a["num_iterations"]
     runs.setdefault(d.name.rsplit(",seed=", 1)[0], []).append(
-        (statistics.mean(frac) if frac else float("nan"), sum(r["time/round_s"] for r in train) / train[-1]["progress/samples"])
+        (statistics.mean(frac) if frac else float("nan"), steps, sum(r["time/round_s"] for r in train) / train[-1]["progress/samples"])
     )
-print("| configuration | seeds | clip / mask / taper fraction | wall s per sample |")
-print("|---|---:|---:|---:|")
+print("| configuration | seeds | clip / mask / taper fraction | optimizer steps | wall s per sample |")
+print("|---|---:|---:|---:|---:|")
 for name, xs in sorted(runs.items()):
-    print(f"| {name} | {len(xs)} | {statistics.mean(x[0] for x in xs):.3f} | {statistics.mean(x[1] for x in xs):.3f} |")
+    m = [statistics.mean(x[i] for x in xs) for i in range(3)]
+    print(f"| {name} | {len(xs)} | {m[0]:.3f} | {m[1]:.1f} | {m[2]:.3f} |")
 PYEOF

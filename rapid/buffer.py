@@ -13,7 +13,9 @@ all siblings), and the order is a seeded shuffle of the groups.
 right-padded completion row per record, so that the policy can run each shared prompt once.
 
 `dynamic_sampling` is DAPO's: a round keeps only the groups whose rewards differ, samples more prompts
-until it has its records back, and trains on a whole number of minibatches.
+until it has its records back or the run's sample budget is spent, and trains on a whole number of
+minibatches; `schedule_positions` spreads the samples a round generated over the steps it took, so that
+the learning-rate schedule follows the samples spent.
 """
 
 from __future__ import annotations
@@ -133,6 +135,8 @@ class ReplayBuffer:
     def minibatches(self, n_step: int, generator: torch.Generator) -> list[list[Rollout]]:
         """Partition the buffer into `len / n_step` minibatches of whole groups, seeded order."""
         groups = self.groups()
+        if not groups:  # DAPO's last round, when the budget ran out before a minibatch was found
+            return []
         sizes = {len(g) for g in groups}
         if len(sizes) != 1:
             raise ValueError(
@@ -194,12 +198,15 @@ def keep_informative_groups(rollouts: list[Rollout]) -> tuple[list[Rollout], int
     return kept, dropped
 
 
-def trim_to_minibatches(rollouts: list[Rollout], local_step: int, target: int, device) -> list[Rollout]:
+def trim_to_minibatches(
+    rollouts: list[Rollout], local_step: int, target: int, device, allow_empty: bool = False
+) -> list[Rollout]:
     """After dynamic sampling: at most `target` records, a whole number of minibatches, and the same
-    number on every rank (DDP needs equal step counts)."""
+    number on every rank (DDP needs equal step counts). None left is an error unless `allow_empty` (the
+    run's sample budget is spent: the round ends without a step)."""
     n = min(len(rollouts), target) // local_step * local_step
     n = -int(all_reduce_max(-n, device))
-    if n == 0:
+    if n == 0 and not allow_empty:
         raise RuntimeError(
             "dynamic sampling found no informative group within algorithm.dynamic_sampling_tries "
             "attempts; raise it or check the reward"
@@ -210,27 +217,59 @@ def trim_to_minibatches(rollouts: list[Rollout], local_step: int, target: int, d
 def dynamic_sampling(
     rollouts: list[Rollout],
     failed: int,
-    sample_more: Callable[[int], tuple[list[Rollout], int]],
+    sample_more: Callable[[int, int], tuple[list[Rollout], int]],
     tries: int,
     target: int,
     local_step: int,
     device,
+    *,
+    draw: int,
+    n_group: int,
+    budget: int,
+    world: int = 1,
     trim: bool = True,
-) -> tuple[list[Rollout], int, int, int]:
-    """DAPO's dynamic sampling of one round on this rank: keep the informative groups of `rollouts`
-    (`keep_informative_groups`); while some rank has fewer than `target` records kept, every rank calls
-    `sample_more(attempt)` (attempt = 1 .. tries - 1: a fresh batch of prompts, sampled and scored, and
-    its reward failures) and keeps its informative groups too. The decision is collective, so every
-    rank draws the same batches from its prompt stream and the streams stay aligned. Then
-    `trim_to_minibatches` (unless `trim` is false: where groups span ranks the gathered round is
-    trimmed, alike on every rank). Returns (records, reward failures, groups dropped, batches sampled,
-    the first included): the samples the round generated are batches x the first batch's."""
+) -> tuple[list[Rollout], int, int, int, int]:
+    """DAPO's dynamic sampling of one round on this rank: keep the informative groups of `rollouts` (the
+    round's first batch, `draw` prompts over all ranks; `keep_informative_groups`); while some rank has
+    fewer than `target` records kept, every rank calls `sample_more(attempt, prompts)` (attempt = 1 ..
+    tries - 1: `prompts` fresh prompts over all ranks, sampled and scored, and its reward failures) and
+    keeps its informative groups too. A draw is `draw` prompts, fewer where the round would otherwise
+    generate more than `budget` samples (the run's samples not yet generated, first batch included), and
+    none once the budget is spent: dynamic sampling never overshoots the run's budget. The decision is
+    collective, so every rank draws the same batches from its prompt stream and the streams stay aligned.
+    Then `trim_to_minibatches` (unless `trim` is false: where groups span ranks the gathered round is
+    trimmed, alike on every rank); a round that spent the budget may end with no record. Returns
+    (records, reward failures, groups dropped, batches drawn, samples generated over all ranks)."""
     rollouts, dropped = keep_informative_groups(rollouts)
-    batches = 1
+    batches, generated = 1, draw * n_group
     for attempt in range(1, tries):
-        if all_reduce_max(float(len(rollouts) < target), device) == 0.0:  # every rank is full
+        prompts = min(draw, (budget - generated) // n_group // world * world)  # alike on every rank
+        if prompts <= 0 or all_reduce_max(float(len(rollouts) < target), device) == 0.0:  # spent, or all full
             break
-        extra, f = sample_more(attempt)
+        extra, f = sample_more(attempt, prompts)
         extra, d = keep_informative_groups(extra)
-        rollouts, failed, dropped, batches = rollouts + extra, failed + f, dropped + d, batches + 1
-    return (trim_to_minibatches(rollouts, local_step, target, device) if trim else rollouts), failed, dropped, batches
+        rollouts, failed, dropped = rollouts + extra, failed + f, dropped + d
+        batches, generated = batches + 1, generated + prompts * n_group
+    if trim:
+        rollouts = trim_to_minibatches(rollouts, local_step, target, device, allow_empty=generated >= budget)
+    return rollouts, failed, dropped, batches, generated
+
+
+def schedule_positions(done: int, generated: int, steps: int, n_step: int, num_iterations: int) -> list[float]:
+    """Where a round's optimizer steps sit on the learning-rate schedule, then where the round ends
+    (`steps` + 1 positions). The schedule's unit is one planned step, n_step / num_iterations samples
+    generated (it spans samples / n_step * num_iterations of them); the round's share of the budget, from
+    `done` to `done + generated` samples, is spread evenly over the `steps` it really takes. With a fixed
+    H every round generates n_step / num_iterations samples per step and step k sits at k, as with a plain
+    step counter; where DAPO's dynamic sampling generated more samples per step, each step advances the
+    schedule by more, so that the schedule follows the samples spent (the budget every method shares)
+    instead of jumping at the end of the round."""
+    unit = n_step / num_iterations
+    positions = [(done + generated * k / max(steps, 1)) / unit for k in range(steps)] + [(done + generated) / unit]
+    return [int(p) if p == int(p) else p for p in positions]
+
+
+def set_schedule_position(scheduler: torch.optim.lr_scheduler.LRScheduler, position: float) -> None:
+    """Move a LambdaLR-style schedule to `position` (a float: `schedule_positions`) and apply its lr."""
+    scheduler.last_epoch = position - 1
+    scheduler.step()  # last_epoch += 1, then every param group's lr from the schedule at `position`

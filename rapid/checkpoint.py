@@ -12,7 +12,15 @@ At the end of a run the policy is also written on its own, as the model a user t
                     `AutoModelForCausalLM.from_pretrained(<run_dir>/model)`, `vllm serve <run_dir>/model`
 
 A checkpoint is never written from weights that hold a NaN or an infinity (`save` raises
-`rapid.config.RunStopped` and leaves the checkpoints on disk as they were; rapid/nonfinite.py).
+`rapid.config.RunStopped` and leaves the checkpoints on disk as they were; rapid/nonfinite.py), and a
+failed write (a full disk, a quota) leaves them as they were too: the new checkpoint is written beside
+them under a temporary name, renamed into place only once whole, and removed if the write fails. A
+checkpoint that does not read back whole, or whose weights are not finite, is passed over on resume.
+
+`resume_point` is what `resume=<run_dir>` continues from: the run's newest whole checkpoint and the
+config it was written under, refused in one sentence when it cannot be the continuation of that run (a
+checkpoint copied from another run, a saved config that does not load), with a warning for an override
+that would change the run (it does not apply).
 
 With sharded parameters (train.parallel=fsdp) every rank first joins `gather`, which collects the whole
 weights and optimizer state on rank 0 (on the CPU), and rank 0 writes them in the same files, so a
@@ -23,19 +31,20 @@ name instead of position, and `load` converts between the two.
 from __future__ import annotations
 
 import copy
-import json
+import errno
 import shutil
-import struct
+import warnings
 import zipfile
 from pathlib import Path
 
 import torch
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoModelForCausalLM
 
-from rapid.config import RunStopped, with_current_defaults
+from rapid.config import ConfigError, RunStopped, check_schema, with_current_defaults
 from rapid.distributed import all_gather_objects, is_sharded
-from rapid.models import unwrap
+from rapid.models import safetensors_problem, unwrap
 from rapid.nonfinite import nonfinite_parameters
 from rapid.seeding import rng_state, set_rng_state
 
@@ -70,28 +79,37 @@ def save(
             "check the reward"
         )
     root = Path(run_dir) / "checkpoints"
-    path, tmp = root / f"round_{round_:06d}", root / f"round_{round_:06d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    unwrap(model).save_pretrained(tmp / "model", state_dict=gathered and gathered["model"])
-    tokenizer.save_pretrained(tmp / "model")
-    torch.save(
-        {
-            "round": round_,
-            "optimizer": optimizer.state_dict() if gathered is None else gathered["optimizer"],
-            "scheduler": scheduler.state_dict(),
-            "stream": stream.state_dict(),
-            "rng": rng_state(),
-            "rng_per_rank": rng_per_rank or [rng_state()],
-            "elapsed_s": elapsed_s,
-            "config": OmegaConf.to_container(cfg, resolve=True),
-            **(extra or {}),
-        },
-        tmp / "state.pt",
-    )
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
-    for old in sorted(root.glob("round_??????"))[:-keep] if keep > 0 else []:
-        shutil.rmtree(old)
+    path, tmp, old = (root / f"round_{round_:06d}{suffix}" for suffix in ("", ".tmp", ".old"))
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        unwrap(model).save_pretrained(tmp / "model", state_dict=gathered and gathered["model"])
+        tokenizer.save_pretrained(tmp / "model")
+        torch.save(
+            {
+                "round": round_,
+                "optimizer": optimizer.state_dict() if gathered is None else gathered["optimizer"],
+                "scheduler": scheduler.state_dict(),
+                "stream": stream.state_dict(),
+                "rng": rng_state(),
+                "rng_per_rank": rng_per_rank or [rng_state()],
+                "elapsed_s": elapsed_s,
+                "config": OmegaConf.to_container(cfg, resolve=True),
+                **(extra or {}),
+            },
+            tmp / "state.pt",
+        )
+        if path.exists():  # the same round saved again: the old copy stays until the new one is in place
+            shutil.rmtree(old, ignore_errors=True)
+            path.rename(old)
+        tmp.rename(path)
+    except Exception as e:  # torch.save and safetensors report a failed write in their own kinds
+        shutil.rmtree(tmp, ignore_errors=True)  # what was written of it, and the room it took
+        if old.exists() and not path.exists():
+            old.rename(path)
+        raise RunStopped(save_failed_message(run_dir, round_, e)) from None
+    shutil.rmtree(old, ignore_errors=True)
+    for stale in sorted(root.glob("round_??????"))[:-keep] if keep > 0 else []:
+        shutil.rmtree(stale)
     return path
 
 
@@ -140,6 +158,36 @@ def export_model(out: Path, model, tokenizer, dtype: torch.dtype, gathered: dict
     return out
 
 
+def save_failed_message(run_dir: Path, round_: int, error: Exception) -> str:
+    """One sentence for a checkpoint that could not be written: why, and what still holds."""
+    text = str(error).strip()
+    reason = getattr(error, "strerror", None) or (text.splitlines()[-1] if text else "")
+    reason = f"{type(error).__name__}: {reason}" if reason else type(error).__name__
+    full = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    try:
+        full = full or shutil.disk_usage(run_dir).free < 64 * 2**20
+    except OSError:
+        pass
+    reason += ": the disk or the quota is full" if full else ""
+    earlier = sorted(p for p in (Path(run_dir) / "checkpoints").glob("round_??????") if p.name != f"round_{round_:06d}")
+    kept = (
+        f"the earlier checkpoint {earlier[-1].name} is kept, so make room and continue with resume={run_dir}"
+        if earlier
+        else "no earlier checkpoint exists (ckpt.every=<rounds> saves along the way), so make room and rerun in a "
+        "new directory"
+    )
+    return f"could not write the checkpoint of round {round_} to {Path(run_dir) / 'checkpoints'} ({reason}); {kept}"
+
+
+def bytes_needed(n_params: int, keep: int, n_checkpoints: int) -> int:
+    """Roughly the disk a run's checkpoints take at their peak: fp32 weights (4 bytes a parameter) and
+    AdamW's two fp32 moments (8) for each checkpoint on disk at once (the `keep` kept and, while they
+    are there, the one being written; all `n_checkpoints` with keep=0), and 64 MiB for the tokenizer,
+    metrics and rollouts."""
+    held = n_checkpoints if keep <= 0 else min(n_checkpoints, keep + 1)
+    return 12 * n_params * held + 64 * 2**20
+
+
 def latest(run_dir: Path) -> Path | None:
     """The newest checkpoint that reads back whole; a newer one that does not (a run killed while
     writing it, a truncated copy) is passed over, saying so."""
@@ -166,22 +214,119 @@ def unreadable(path: Path) -> str:
     if not weights and not list((path / "model").glob("*.bin")):
         return "no model weights"
     for file in weights:
-        try:
-            with open(file, "rb") as f:
-                n = struct.unpack("<Q", f.read(8))[0]
-                header = json.loads(f.read(n))
-            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-            if file.stat().st_size < 8 + n + end:
-                return f"{file.name} is truncated"
-        except (OSError, ValueError, KeyError, TypeError, struct.error):
-            return f"{file.name} is unreadable"
+        problem = safetensors_problem(file) or nonfinite_weights(file)
+        if problem:
+            return problem
     return ""
 
 
+def nonfinite_weights(file: Path) -> str | None:
+    """'<file> holds NaN or infinite values (<tensor>)' for a weights file that does, else None."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    return f"{file.name} holds NaN or infinite values ({name})"
+    except Exception as e:  # safetensors raises its own error kinds for a damaged file
+        return f"{file.name} is unreadable ({type(e).__name__})"
+    return None
+
+
 def load_config(path: Path) -> DictConfig:
-    return with_current_defaults(
-        OmegaConf.create(torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)["config"])
-    )
+    """The config a checkpoint was written under, with keys added to conf/ since at their defaults."""
+    try:
+        saved = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)["config"]
+        return with_current_defaults(OmegaConf.create(saved))
+    except Exception as e:  # a state.pt without a config, or one OmegaConf cannot read
+        raise ConfigError(
+            f"the config saved in {Path(path) / 'state.pt'} cannot be read ({type(e).__name__}): resume from an "
+            "earlier checkpoint (move this one aside) or start a new run"
+        ) from None
+
+
+# Overrides that resume=<dir> may carry, and that apply to the resumed leg: where and how the run is
+# watched and graded, not what it computes.
+RESUME_OVERRIDES = ("resume", "device", "logger.progress", "logger.wandb", "logger.project", "reward.", "hydra.")
+# The keys that make a run that run: a checkpoint whose config differs from its directory's config.yaml
+# in one of them was written by another run.
+RUN_IDENTITY = ("seed", "algorithm", "model", "task", "optim", "train", "sampler.temperature")
+
+
+def resume_point(run_dir: Path, overrides: list[str] = ()) -> tuple[Path, DictConfig]:
+    """(checkpoint, config) that resume=<run_dir> continues from: the newest checkpoint that reads back
+    whole with finite weights, and the config it was written under (checked against the schema), with
+    the RESUME_OVERRIDES among `overrides` applied. One ConfigError sentence when there is none, or when
+    the checkpoint was written by another run than the one in <run_dir>/config.yaml; one warning naming
+    the other overrides that would change the run, which do not apply."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"resume={run_dir} is not a directory: point it at the directory of an earlier run")
+    path = latest(run_dir)
+    if path is None:
+        raise ConfigError(
+            f"resume={run_dir} holds no readable checkpoint (checkpoints/round_*/state.pt): point it at the "
+            "directory of a run that saved one"
+        )
+    cfg = load_config(path)
+    try:
+        check_schema(cfg)
+    except ConfigError as e:
+        raise ConfigError(f"the config saved in {path / 'state.pt'} is not valid ({e})") from None
+    mine = run_dir / "config.yaml"
+    if mine.exists():
+        try:
+            own = OmegaConf.to_container(OmegaConf.load(mine), resolve=True)
+        except Exception as e:
+            raise ConfigError(
+                f"{mine} cannot be read ({type(e).__name__}): restore it from the checkpoint's config, or start a new run"
+            ) from None
+        theirs = OmegaConf.to_container(cfg, resolve=True)
+        for key in RUN_IDENTITY:
+            a, b = OmegaConf.select(OmegaConf.create(own), key), OmegaConf.select(OmegaConf.create(theirs), key)
+            if a is not None and _differs(a, b):
+                raise ConfigError(
+                    f"the checkpoint {path} was written under another {key} than {mine} records, so it was copied "
+                    f"from another run: resume that run's own directory, or start a new run"
+                )
+    ignored = []
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key.startswith(RESUME_OVERRIDES):
+            if not key.startswith(("hydra.", "resume")) and not override.startswith("~"):
+                OmegaConf.update(cfg, key, _parse(value), force_add=True)  # applies to this leg
+            continue
+        saved = OmegaConf.select(cfg, key, default=None)
+        saved = OmegaConf.to_container(saved, resolve=True) if OmegaConf.is_config(saved) else saved
+        if isinstance(saved, dict):  # a group option: the same one as the run's is no change
+            saved = saved.get("name")
+            key = f"{key}.name"
+        if override.startswith("~") or _parse(value) != saved:
+            ignored.append(f"{override} (the run's {key} is {saved})")
+    if ignored:
+        warnings.warn(
+            f"resume={run_dir} continues that run with the config it started with, so {'; '.join(ignored)} "
+            "does not apply: drop it, or start a new run to change it",
+            stacklevel=2,
+        )
+    return path, cfg
+
+
+def _parse(value: str):
+    """A command-line value as Hydra reads the simple ones (numbers, true/false, null, lists), else the text."""
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+
+
+def _differs(a, b) -> bool:
+    """Whether two config values differ, ignoring keys only one side has (added to conf/ since)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return any(_differs(a[k], b[k]) for k in a.keys() & b.keys())
+    return a != b
 
 
 def gather(model, optimizer) -> dict | None:
@@ -237,6 +382,14 @@ def load(path: Path, model, optimizer, scheduler, stream, rank: int = 0, world: 
     state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     saved = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32)
     names = [name for name, _ in unwrap(model).named_parameters()]
+    mine, theirs = unwrap(model).state_dict(), saved.state_dict()
+    wrong = [k for k in mine if k not in theirs or tuple(theirs[k].shape) != tuple(mine[k].shape)]
+    if wrong or len(state["optimizer"]["param_groups"][0]["params"]) != len(names):
+        raise ConfigError(
+            f"the checkpoint {path} holds the weights of another model than model.* builds (e.g. {wrong[0] if wrong else 'the optimizer state'}"
+            f"{'' if not wrong or wrong[0] not in theirs else f' is {tuple(theirs[wrong[0]].shape)} there, {tuple(mine[wrong[0]].shape)} here'}): "
+            "resume the run it was written by, in its own directory"
+        )
     if is_sharded(model):
         options = StateDictOptions(full_state_dict=True)
         set_model_state_dict(model, saved.state_dict(), options=options)

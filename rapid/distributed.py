@@ -13,7 +13,12 @@ import torch.distributed as dist
 
 from rapid.config import ConfigError
 
-_owned = False  # whether this module created the process group (a vLLM engine may create its own)
+# rapid's collectives run over the default process group only when torchrun launched this process with
+# WORLD_SIZE > 1 (`_ranks`); whether a default group exists says nothing: an in-process vLLM engine makes a
+# world-1 group of its own (NCCL on a GPU, which cannot reduce CPU tensors) that rapid must not take for
+# its ranks. `_owned`: this module created the group, so it destroys it at the end.
+_ranks = False
+_owned = False
 
 
 def init(device: str = "auto") -> tuple[int, int, torch.device]:
@@ -27,10 +32,18 @@ def init(device: str = "auto") -> tuple[int, int, torch.device]:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    global _owned
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        _owned = True
+    global _owned, _ranks
+    if world > 1:
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+            _owned = True
+        elif dist.get_world_size() != world:
+            raise ConfigError(
+                f"torchrun launched {world} ranks, but this process already holds a process group of "
+                f"{dist.get_world_size()} (made before rapid.distributed.init): start rapid before anything that "
+                "makes one (a vLLM engine) or launch it without torchrun"
+            )
+        _ranks = True
     return rank, world, device
 
 
@@ -78,7 +91,7 @@ def device_kind(
 
 
 def is_main() -> bool:
-    return not _owned or dist.get_rank() == 0
+    return not _ranks or dist.get_rank() == 0
 
 
 def print0(*args, **kwargs) -> None:
@@ -88,7 +101,7 @@ def print0(*args, **kwargs) -> None:
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     """Sum a list of floats over ranks (identity in a single process)."""
-    if not _owned:
+    if not _ranks:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
@@ -102,7 +115,7 @@ def all_reduce_sum_dict(values: dict[str, float], device: torch.device) -> dict[
 
 
 def all_reduce_max(value: float, device: torch.device) -> float:
-    if not _owned:
+    if not _ranks:
         return value
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -111,7 +124,7 @@ def all_reduce_max(value: float, device: torch.device) -> float:
 
 def all_gather_objects(obj) -> list:
     """[obj of rank 0, obj of rank 1, ...] (a one-element list in a single process)."""
-    if not _owned:
+    if not _ranks:
         return [obj]
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, obj)
@@ -130,10 +143,10 @@ def gather_round(rollouts: list, world: int) -> list:
 def shutdown() -> None:
     """Destroy the process group this module created. A vLLM engine running inside it (sampler=vllm
     under torchrun) tears the group down itself at exit, so it is left to do so."""
-    global _owned
+    global _owned, _ranks
     if _owned and dist.is_initialized() and "vllm" not in sys.modules:
         dist.destroy_process_group()
-    _owned = False
+    _owned = _ranks = False
 
 
 # --- FSDP2 (train.parallel=fsdp) ---------------------------------------------------------------------

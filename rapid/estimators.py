@@ -228,16 +228,14 @@ DEPRECATED = {
 
 def upgrade_settings(a) -> list[str]:
     """Read the earlier names of `DEPRECATED` in the `algorithm.*` settings ``a`` (a DictConfig or dict, changed in
-    place) as today's: a set one is copied to its new names (where it wins over their defaults) and removed. Returns
-    one notice per earlier name that was set."""
+    place) as today's: a set one is copied to its new names (where it wins over their defaults) and set back to
+    null (conf/algorithm/rapid.yaml keeps them, null). Returns one notice per earlier name that was set."""
     notices = []
     for old, new in DEPRECATED.items():
-        if old not in a:
-            continue
-        value = a[old]
-        a.pop(old)
+        value = a.get(old)
         if value is None:
             continue
+        a[old] = None
         for key in new:
             a[key] = value
         notices.append(

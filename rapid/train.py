@@ -41,8 +41,16 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from rapid import adaptive_h, checkpoint, distributed, estimators
-from rapid.buffer import ReplayBuffer, Rollout, dynamic_sampling, rank_share, trim_to_minibatches
+from rapid import adaptive_h, checkpoint, distributed, estimators, preflight
+from rapid.buffer import (
+    ReplayBuffer,
+    Rollout,
+    dynamic_sampling,
+    rank_share,
+    schedule_positions,
+    set_schedule_position,
+    trim_to_minibatches,
+)
 from rapid.config import exit_on_config_error, register_resolvers
 from rapid.distributed import all_reduce_sum, gather_round
 from rapid.evaluate import evaluate_config
@@ -58,6 +66,7 @@ from rapid.seeding import BUFFER_STREAM, EVAL_STREAM, SAMPLE_STREAM, derive_seed
 register_resolvers()
 
 
+@preflight.checked("config")  # every job's config, before Hydra makes a directory (rapid/preflight.py)
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
 @exit_on_config_error
 def main(cfg: DictConfig) -> dict | None:
@@ -85,19 +94,16 @@ def train(cfg: DictConfig) -> dict:
         t0, clock = time.perf_counter(), PhaseClock(run.device)
         H = a.H if run.auto_h is None else adaptive_h.plan(run.h_state, cfg.samples - run.samples, a.n_step)
         # 1-3. the round's n_inference / n_group prompts X_t, n_group completions each from μ = π_θ, scored
-        rollouts, failed, dropped, batches = sample_round(run, round_, H, clock)
+        rollouts, failed, dropped, batches, generated = sample_round(run, round_, H, clock)
         # 4. Z_t in the buffer, served as minibatches of n_step records (whole groups), once per pass
-        rollouts, passes = fill_buffer(run, buffer, rollouts, round_, H)
+        rollouts, passes = fill_buffer(run, buffer, rollouts, round_, H, last=run.samples + generated >= cfg.samples)
         mismatch = recompute_log_mu(run, passes[0], clock)  # None unless behavior_logprobs=recompute
         with clock.phase("sync"):
             run.sampler.sleep()
         # 5. H gradient steps of the registered loss (IW-GRPG: Eq. 3-5), num_iterations passes
         with clock.phase("train"):
-            steps, ess = gradient_steps(run, passes)
-        generated = H * a.n_step * batches  # DAPO's extra batches count: samples are what the engine generated
-        for _ in range(generated // a.n_step * a.num_iterations - len(steps)):  # the lr schedule runs over
-            run.scheduler.step()  # samples generated: steps not taken (an early stop, DAPO's trimming) advance it
-        run.samples += generated
+            steps, ess = gradient_steps(run, passes, generated)
+        run.samples += generated  # DAPO's extra draws count: samples are what the engine generated
         # 6. the new weights go to the sampler, in place
         with clock.phase("sync"):
             run.sampler.sync_weights(run.model)
@@ -128,36 +134,38 @@ def crossed(n: int | None, samples: int, generated: int) -> bool:
     return bool(n) and samples // n > (samples - generated) // n
 
 
-def sample_round(run: Run, round_: int, H: int, clock: PhaseClock) -> tuple[list[Rollout], int, int | None, int]:
+def sample_round(run: Run, round_: int, H: int, clock: PhaseClock) -> tuple[list[Rollout], int, int | None, int, int]:
     """Algorithm 1's steps 1-3 on this rank: the round's H * n_step / n_group prompts (over all ranks),
     sampled and scored (`sample_and_score`); with DAPO's dynamic sampling (`algorithm.dynamic_sampling`)
-    the groups of equal rewards are dropped and more prompts drawn until every rank is full. Returns the
-    rollouts, the reward failures, the groups dropped (None without dynamic sampling) and the batches of
-    the round's size generated."""
+    the groups of equal rewards are dropped and more prompts drawn until every rank is full or the run's
+    sample budget is spent. Returns the rollouts, the reward failures, the groups dropped (None without
+    dynamic sampling), the draws made and the samples generated over all ranks."""
     a = run.cfg.algorithm
     n_prompts = H * a.n_step // a.n_group  # prompts per round, over all ranks
     rollouts, failed = sample_and_score(run, round_, 0, n_prompts, clock)
     if not a.dynamic_sampling:
-        return rollouts, failed, None, 1
-    more = lambda attempt: sample_and_score(run, round_, attempt, n_prompts, clock)  # noqa: E731  (same round)
+        return rollouts, failed, None, 1, H * a.n_step
+    more = lambda attempt, k: sample_and_score(run, round_, attempt, n_prompts, clock, take=k)  # noqa: E731
     target = len(range(run.rank, n_prompts, run.world)) * a.n_group  # this rank's records
     return dynamic_sampling(
         rollouts, failed, more, a.dynamic_sampling_tries, target, a.n_step // run.world, run.device,
+        draw=n_prompts, n_group=a.n_group, budget=run.cfg.samples - run.samples, world=run.world,
         trim=not run.spanning,
     )  # fmt: skip
 
 
 def sample_and_score(
-    run: Run, round_: int, attempt: int, n_prompts: int, clock: PhaseClock
+    run: Run, round_: int, attempt: int, n_prompts: int, clock: PhaseClock, take: int | None = None
 ) -> tuple[list[Rollout], int]:
     """The stream's next `n_prompts` training problems (over all ranks; this rank takes every world-th),
     n_group completions each with μ = π_θ, seeds from (round, prompt, sample), scored (a crashed or
     timed-out checker scores 0 and is counted). Returns the rollouts, with DAPO's overlong penalty in
     their reward, and the failures. `attempt` > 0: DAPO's dynamic sampling drawing more prompts for the
-    same round (their positions follow the first's)."""
+    same round (their positions follow the first's), `take` of them where fewer than `n_prompts` (the
+    run's last samples)."""
     cfg, a, t = run.cfg, run.cfg.algorithm, run.cfg.task
-    taken = run.stream.take(n_prompts)
-    positions = list(range(run.rank, n_prompts, run.world))
+    taken = run.stream.take(take or n_prompts)
+    positions = list(range(run.rank, take or n_prompts, run.world))
     indices = [taken[p] for p in positions]
     positions = [attempt * n_prompts + p for p in positions]
     seeds = [derive_seed(cfg.seed, SAMPLE_STREAM, round_, p) for p in positions]
@@ -201,19 +209,20 @@ def sample_and_score(
 
 
 def fill_buffer(
-    run: Run, buffer: ReplayBuffer, rollouts: list[Rollout], round_: int, H: int
+    run: Run, buffer: ReplayBuffer, rollouts: list[Rollout], round_: int, H: int, last: bool = False
 ) -> tuple[list[Rollout], list[list[list[Rollout]]]]:
     """Algorithm 1's step 4: Z_t in the buffer, and its minibatches for each of the num_iterations passes
     (n_step records over all ranks, whole groups, shuffled by a generator seeded from the round). Where a
     group spans ranks every rank holds the whole round and trains its slice of each minibatch. Returns
-    this rank's rollouts (DAPO's trimming of a gathered round keeps this rank's share) and the passes."""
+    this rank's rollouts (DAPO's trimming of a gathered round keeps this rank's share; in the `last` round
+    of the budget it may keep none) and the passes."""
     a, rank, world = run.cfg.algorithm, run.rank, run.world
     buffer.clear()
     if run.spanning:  # groups span ranks: every rank holds the whole round (group ids are prompt positions)
         every_record = gather_round(rollouts, world)
         if a.dynamic_sampling:
             n_prompts = H * a.n_step // a.n_group
-            every_record = trim_to_minibatches(every_record, a.n_step, n_prompts * a.n_group, run.device)
+            every_record = trim_to_minibatches(every_record, a.n_step, n_prompts * a.n_group, run.device, last)
             rollouts = [r for r in every_record if r.group_id % n_prompts % world == rank]  # this rank's, kept
         buffer.add(every_record)
     else:
@@ -242,15 +251,21 @@ def recompute_log_mu(run: Run, minibatches: list[list[Rollout]], clock: PhaseClo
         )
 
 
-def gradient_steps(run: Run, passes: list[list[list[Rollout]]]) -> tuple[list[dict], list[tuple[int, float]]]:
+def gradient_steps(
+    run: Run, passes: list[list[list[Rollout]]], generated: int
+) -> tuple[list[dict], list[tuple[int, float]]]:
     """Algorithm 1's step 5: one optimizer step per minibatch (gradient accumulated over micro-batches,
-    clipped; a non-finite loss or gradient skips the step, rapid/nonfinite.py). A loss that reports its
-    importance weights (`iw` on its estimator) gives each step's normalised ESS over all ranks, from which
-    H=auto ends a round early when its samples have gone stale. Returns the steps' statistics and the
-    (step, ESS) pairs."""
-    cfg, o = run.cfg, run.cfg.optim
+    clipped; a non-finite loss or gradient skips the step, rapid/nonfinite.py), the learning-rate schedule
+    moved along by the `generated` samples the round's steps share. A loss that reports its importance
+    weights (`iw` on its estimator) gives each step's normalised ESS over all ranks, from which H=auto ends
+    a round early when its samples have gone stale (the schedule then still moves to the round's end).
+    Returns the steps' statistics and the (step, ESS) pairs."""
+    cfg, o, a = run.cfg, run.cfg.optim, run.cfg.algorithm
     steps, ess = [], []
-    for minibatch in [mb for minibatches in passes for mb in minibatches]:
+    todo = [mb for minibatches in passes for mb in minibatches]
+    # the lr schedule follows the samples generated: this round's share spread over the steps it takes
+    positions = schedule_positions(run.samples, generated, len(todo), a.n_step, a.num_iterations)
+    for minibatch in todo:
         stats = accumulate_gradients(
             run.policy,
             minibatch,
@@ -261,6 +276,7 @@ def gradient_steps(run: Run, passes: list[list[list[Rollout]]]) -> tuple[list[di
             compute_dtype=run.compute_dtype,
             skip_groups=run.skip_groups,
             spanning=run.spanning,
+            token_stats=run.token_stats,
         )
         if run.estimator.iw and "records" in stats:  # the ESS of the w̄ of the records trained on, over all ranks
             n = stats["records"]  # 0 for a DDP placeholder group
@@ -275,9 +291,11 @@ def gradient_steps(run: Run, passes: list[list[list[Rollout]]]) -> tuple[list[di
         stats["lr"] = run.scheduler.get_last_lr()[0]
         if run.guard.ok(stats["loss"], stats["grad_norm"], step=run.scheduler.last_epoch):  # else skipped
             run.optimizer.step()
-        run.scheduler.step()
+        set_schedule_position(run.scheduler, positions[len(steps) + 1])
         run.optimizer.zero_grad(set_to_none=True)
         steps.append(stats)
+    if run.scheduler.last_epoch != positions[-1]:  # an early stop (H=auto): the round's samples are spent
+        set_schedule_position(run.scheduler, positions[-1])
     return steps, ess
 
 
@@ -309,10 +327,12 @@ def log_round(
     row = round_row(
         where, rollouts, steps, phases=clock.row(), round_s=round_s, world=run.world, device=run.device,
         failed=failed, mismatch=mismatch, nonfinite_steps=run.guard.take_count(), dropped=dropped,
-        iw=run.estimator.iw,
+        iw=run.estimator.iw, token_stats=run.token_stats,
     )  # fmt: skip
+    row["train/prompt_len"] = sum(len(r.prompt_ids) for r in rollouts) / max(len(rollouts), 1)  # rank 0's
     if a.dynamic_sampling:
-        row["train/sampling_batches"] = batches  # DAPO: batches of H * n_step prompts' samples generated
+        row["train/sampling_batches"] = batches  # DAPO: draws of (at most) H * n_step prompts' samples
+    row["train/optimizer_steps"] = len(steps)  # with `samples`, the two budgets a comparison can count
     if run.auto_h:  # the next round's H, from this round's weights and phase times (averaged over ranks)
         run.h_state, h_log = adaptive_h.end_round(
             run.h_state, run.auto_h, H, ess, len(steps), row, run.world, run.device

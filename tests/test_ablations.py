@@ -14,6 +14,7 @@ file (one JSON object a line). The tests then read the trace:
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -134,7 +135,23 @@ def test_grpo_at_equal_h_clips_the_ratio_against_the_rounds_sampler(tmp_path):
             assert informative.any()
             torch.testing.assert_close(adv[informative].std(1), torch.ones(int(informative.sum())), rtol=0, atol=1e-3)
     assert min(moved) > 1e-3  # on the later minibatches θ has moved: the ratios really leave 1
-    assert all(r["loss/clip_frac"] >= 0 and "iw/clip_frac" not in r for r in train_rows(rows))
+    # the logged clip fraction is, round by round, the mean over its steps of the fraction of the step's
+    # completion tokens whose ratio r = exp(log π − log μ) the clip holds (A < 0 and r < 0.8, or A > 0 and
+    # r > 1.2), recomputed here from what each step's loss was given
+    want = []
+    for r in rounds:
+        fractions = []
+        for step in r["steps"]:
+            tokens = [
+                (math.exp(p - q), a) for lp, lq, a in zip(step["logp"], step["logp_old"], step["advantages"])
+                for p, q in zip(lp, lq)
+            ]  # fmt: skip
+            fractions.append(sum((a < 0 and x < 0.8) or (a > 0 and x > 1.2) for x, a in tokens) / len(tokens))
+        want.append(sum(fractions) / len(fractions))
+    got = [r["loss/clip_frac"] for r in train_rows(rows)]  # a ratio clip: loss/, not iw/
+    assert not any("iw/clip_frac" in r for r in train_rows(rows))
+    assert got == pytest.approx(want, abs=1e-6)
+    assert max(want) > 0  # not vacuous: some token is clipped
 
 
 def test_group_normalisation_used_by_the_trace_check():

@@ -67,6 +67,7 @@ def test_bad_config_values_are_one_sentence(smoke, key, value, words):
     assert str(e.value).startswith(words) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # a subprocess start of rapid.train (~10 s here); the refusal itself is checked in-process above
 def test_entry_point_exits_2_before_writing_the_run(tmp_path):
     run = tmp_path / "run"
     proc = subprocess.run(

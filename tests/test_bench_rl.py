@@ -353,3 +353,70 @@ def test_predictions_draw_lengths_from_another_runs_rollouts(tmp_path):
     bench_rl.predict_runs(rows, made_up(), lengths_from=donor)
     assert rows[0]["predicted_s_per_1k"] == pytest.approx(541.0)
     assert bench_rl.shared_length_groups([], {"length_groups": [[3] * 4]}) == [[3] * 4]
+
+
+def test_peak_and_mfu_by_hand():
+    assert bench_rl.peak_bf16_flops("NVIDIA H200") == 989e12
+    assert bench_rl.peak_bf16_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert bench_rl.peak_bf16_flops("NVIDIA H100 PCIe") == 756e12  # not the SXM part's
+    assert bench_rl.peak_bf16_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert bench_rl.peak_bf16_flops(None) is None and bench_rl.peak_bf16_flops("Tesla K80") is None
+    # 494M parameters, 32 x 540 tokens trained in 2 s: 6 * 494e6 * 17280 / 2 / 989e12 = 0.025894
+    assert bench_rl.mfu(494_000_000, 32 * 540, 3, 2.0, 989e12) == pytest.approx(6 * 494e6 * 17280 / 2 / 989e12)
+    assert bench_rl.mfu(494_000_000, 32 * 540, 3, 2.0, 989e12) == pytest.approx(0.025894, abs=1e-6)
+    assert bench_rl.mfu(10, 10, 3, 1.0, None) is None and bench_rl.mfu(10, 10, 3, 0.0, 1e12) is None
+
+
+def test_mfu_per_round_from_a_runs_metrics(tmp_path):
+    """Round 1 trains 32 records of 28 + 512 tokens, all of them, in 2 s, its recompute 0.25 s; round 2
+    trains half of its 32 records (trained_frac 0.5) in 1 s, no recompute."""
+    rows = [
+        {"round": 0, "eval/accuracy": 0.0},
+        {
+            "round": 1,
+            "samples": 32,
+            "train/prompt_len": 28.0,
+            "train/completion_len": 512.0,
+            "train/trained_frac": 1.0,
+            "time/train_s": 2.0,
+            "time/recompute_s": 0.25,
+        },
+        {
+            "round": 2,
+            "samples": 64,
+            "train/prompt_len": 28.0,
+            "train/completion_len": 512.0,
+            "train/trained_frac": 0.5,
+            "time/train_s": 1.0,
+            "time/recompute_s": 0.0,
+        },
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "meta.json").write_text(json.dumps({"parameters": 1_000_000, "gpu": "NVIDIA H200"}))
+    (tmp_path / "config.yaml").write_text("algorithm:\n  num_iterations: 1\n")
+    facts = bench_rl.run_facts(tmp_path, {"samples": 64})
+    r1, r2 = facts["mfu_rounds"]
+    tokens = 32 * 540
+    assert r1["train_tokens"] == tokens and r2["train_tokens"] == tokens / 2
+    assert r1["train_mfu"] == pytest.approx(6e6 * tokens / 2.0 / 989e12)
+    assert r1["recompute_mfu"] == pytest.approx(2e6 * tokens / 0.25 / 989e12)
+    assert r2["train_mfu"] == pytest.approx(6e6 * tokens / 2 / 1.0 / 989e12) and r2["recompute_mfu"] is None
+    assert facts["train_mfu"] == pytest.approx((r1["train_mfu"] + r2["train_mfu"]) / 2)
+    (tmp_path / "meta.json").write_text(json.dumps({"parameters": 1_000_000, "gpu": None}))  # a CPU run
+    assert bench_rl.run_facts(tmp_path, {"samples": 64})["train_mfu"] is None
+
+
+def test_throughput_only_trains_on_every_group():
+    """Random weights score 0 everywhere: with train.skip_zero_advantage every group would be skipped
+    (the first GPU run trained on 0% of its records). The throughput mode turns skipping off, and a run
+    that trained on less than everything stops the benchmark."""
+    from rapid.config import skipped_groups
+
+    cfg = bench_rl.composed(bench_rl.throughput_overrides(["algorithm=rapid", "algorithm.H=8"]))
+    assert skipped_groups(cfg) is None and cfg.model.name == "Qwen2.5-0.5B-random"
+    tiny = bench_rl.composed(bench_rl.throughput_overrides(["model=tiny"]))  # the user's model replaces it
+    assert tiny.model.name == "tiny-llama" and skipped_groups(tiny) is None
+    assert skipped_groups(bench_rl.composed(["algorithm=rapid"])) is not None  # the default skips
+    bench_rl.check_trained_everything({"method": "PG", "trained_frac": 1.0})
+    with pytest.raises(SystemExit, match="trained on 0.0% of its records"):
+        bench_rl.check_trained_everything({"method": "PG", "trained_frac": 0.0})

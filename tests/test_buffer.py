@@ -176,14 +176,16 @@ def test_dynamic_sampling_samples_more_until_full_then_trims_to_whole_minibatche
     }
     calls = []
 
-    def sample_more(attempt):
-        calls.append(attempt)
+    def sample_more(attempt, prompts):
+        calls.append((attempt, prompts))
         return more[attempt]
 
-    kept, failed, dropped, batches = dynamic_sampling(first, 1, sample_more, 4, 8, 4, torch.device("cpu"))
-    assert calls == [1, 2]
+    kept, failed, dropped, batches, generated = dynamic_sampling(
+        first, 1, sample_more, 4, 8, 4, torch.device("cpu"), draw=4, n_group=2, budget=1000
+    )
+    assert calls == [(1, 4), (2, 4)]
     assert [r.group_id for r in kept] == [0, 0, 2, 2, 10, 10, 20, 20]
-    assert (failed, dropped, batches) == (3, 3, 3)
+    assert (failed, dropped, batches, generated) == (3, 3, 3, 24)  # 3 draws of 4 prompts x 2 samples
 
 
 def test_dynamic_sampling_trains_on_what_its_tries_found():
@@ -192,13 +194,97 @@ def test_dynamic_sampling_trains_on_what_its_tries_found():
     from rapid.buffer import dynamic_sampling
 
     first = group(0, [1, 0]) + group(1, [0, 0]) + group(2, [0, 1])
-    kept, failed, dropped, batches = dynamic_sampling(
-        first, 0, lambda attempt: (group(10, [1, 0]) + group(11, [0, 0]), 1), 2, 8, 4, torch.device("cpu")
-    )
+    kept, failed, dropped, batches, generated = dynamic_sampling(
+        first, 0, lambda attempt, k: (group(10, [1, 0]) + group(11, [0, 0]), 1), 2, 8, 4, torch.device("cpu"),
+        draw=4, n_group=2, budget=1000,
+    )  # fmt: skip
     assert [r.group_id for r in kept] == [0, 0, 2, 2]
-    assert (failed, dropped, batches) == (1, 2, 2)
+    assert (failed, dropped, batches, generated) == (1, 2, 2, 16)
     with pytest.raises(RuntimeError, match="dynamic_sampling_tries"):
-        dynamic_sampling(group(0, [0, 0]), 0, lambda attempt: (group(5, [1, 1]), 0), 3, 8, 4, torch.device("cpu"))
+        dynamic_sampling(
+            group(0, [0, 0]), 0, lambda attempt, k: (group(5, [1, 1]), 0), 3, 8, 4, torch.device("cpu"),
+            draw=4, n_group=2, budget=1000,
+        )  # fmt: skip
+
+
+def test_dynamic_sampling_never_generates_past_the_budget():
+    """The first batch is 4 prompts x 2 samples = 8 of a budget of 14: one more draw of min(4, (14 - 8) // 2)
+    = 3 prompts, then the budget is spent (14 generated), although the round holds 6 records of the 8 wanted
+    and tries remain. Kept: groups 0, 10, 12; trimmed to one minibatch of 4 (groups 0 and 10). Under two
+    ranks a draw is a multiple of 2 prompts (every rank the same share): 2 prompts, 12 generated. Before,
+    every draw was a whole batch of 4 prompts, so this round generated 16 (and up to 8 x tries)."""
+    from rapid.buffer import dynamic_sampling
+
+    first = group(0, [1, 0]) + group(1, [0, 0]) + group(2, [1, 1]) + group(3, [0, 0])
+    calls = []
+
+    def sample_more(attempt, prompts):
+        calls.append((attempt, prompts))
+        return group(10, [0, 1]) + group(11, [1, 1]) + group(12, [1, 0])[: 2 * prompts], 0
+
+    kept, _, dropped, batches, generated = dynamic_sampling(
+        first, 0, sample_more, 4, 8, 4, torch.device("cpu"), draw=4, n_group=2, budget=14
+    )
+    assert calls == [(1, 3)]
+    assert [r.group_id for r in kept] == [0, 0, 10, 10]
+    assert (dropped, batches, generated) == (4, 2, 14)
+    calls.clear()
+    *_, generated = dynamic_sampling(
+        first, 0, sample_more, 4, 8, 4, torch.device("cpu"), draw=4, n_group=2, budget=14, world=2
+    )
+    assert calls == [(1, 2)] and generated == 12
+
+
+def test_dynamic_sampling_ends_the_run_without_a_step_when_the_budget_is_spent():
+    """The budget is the first batch (8 samples) and it keeps one group (2 records), less than one
+    minibatch of 4: no draw, no error, no record (the run is over). With budget left but no tries left, the
+    same round is an error that names the setting to raise."""
+    from rapid.buffer import dynamic_sampling
+
+    first = group(0, [1, 0]) + group(1, [0, 0]) + group(2, [1, 1]) + group(3, [0, 0])
+    never = lambda attempt, k: pytest.fail("drew past the budget")  # noqa: E731
+    kept, _, dropped, batches, generated = dynamic_sampling(
+        first, 0, never, 4, 8, 4, torch.device("cpu"), draw=4, n_group=2, budget=8
+    )
+    assert (kept, dropped, batches, generated) == ([], 3, 1, 8)
+    with pytest.raises(RuntimeError, match="dynamic_sampling_tries"):
+        dynamic_sampling(first, 0, never, 1, 8, 4, torch.device("cpu"), draw=4, n_group=2, budget=100)
+
+
+def test_schedule_positions_follow_the_samples_generated():
+    """n_step 32, so the schedule's unit is 32 samples and 1,024 samples span 32 units.
+    A fixed-H round (256 samples, 8 steps) from 256 samples: steps at 8, 9, ..., 15, round ends at 16 (what a
+    step counter gives). DAPO's first round generated 768 samples (3 draws) and trains 8 steps: 24 units
+    over 8 steps, steps at 0, 3, 6, ..., 21, end at 24. Its last round, 256 samples and 4 steps kept: 24, 26,
+    28, 30, end at 32 = the budget. num_iterations 2 doubles the steps per sample: unit 16 samples.
+    Three steps over 256 samples from 0: 0, 16/3, 32/3, end 16 (units of 16 samples)."""
+    from rapid.buffer import schedule_positions
+
+    assert schedule_positions(256, 256, 8, 32, 1) == [8, 9, 10, 11, 12, 13, 14, 15, 16]
+    assert schedule_positions(0, 768, 8, 32, 1) == [0, 3, 6, 9, 12, 15, 18, 21, 24]
+    assert schedule_positions(768, 256, 4, 32, 1) == [24, 26, 28, 30, 32]
+    assert schedule_positions(0, 256, 16, 32, 2) == list(range(17))
+    assert schedule_positions(0, 256, 3, 16, 1) == pytest.approx([0, 16 / 3, 32 / 3, 16], abs=1e-12)
+    assert schedule_positions(992, 32, 0, 32, 1) == [32]  # no step: the round's end only
+
+
+def test_set_schedule_position_applies_the_schedule_at_a_fractional_position():
+    """Cosine over 32 units, lr 2e-5: at position 3, 2e-5 * (1 + cos(3 pi / 32)) / 2; cos(0.2945243) =
+    0.9569403, so 1.9569403e-5; at 16/3, cos(0.5235988) = 0.8660254 (pi / 6): 1.8660254e-5; at 32, 0."""
+    from rapid.buffer import set_schedule_position
+    from rapid.train import lr_lambda
+
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=2e-5)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda("cosine", 0, 32))
+    opt.step()
+    for position, lr in ((3, 1.9569403e-5), (16 / 3, 1.8660254e-5), (32, 0.0)):
+        set_schedule_position(sched, position)
+        assert sched.last_epoch == position
+        assert (
+            opt.param_groups[0]["lr"] == pytest.approx(lr, abs=1e-12)
+            and sched.get_last_lr()[0] == opt.param_groups[0]["lr"]
+        )
 
 
 def _dynamic_sampling_rank(rank: int, world: int, init_file: str, out: str) -> None:
@@ -208,17 +294,19 @@ def _dynamic_sampling_rank(rank: int, world: int, init_file: str, out: str) -> N
     from rapid.buffer import dynamic_sampling
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    distributed._owned = True
+    distributed._owned = distributed._ranks = True
     try:
         # rank 0 is full at once (two informative groups); rank 1 keeps one group per batch
         first = group(0, [1, 0]) + group(1, [0, 1]) if rank == 0 else group(0, [1, 0]) + group(1, [0, 0])
         calls = []
 
-        def sample_more(attempt):
+        def sample_more(attempt, prompts):
             calls.append(attempt)
             return group(10 * attempt, [0, 1]) + group(10 * attempt + 1, [1, 1]), 0
 
-        kept, failed, dropped, batches = dynamic_sampling(first, 0, sample_more, 5, 4, 2, torch.device("cpu"))
+        kept, failed, dropped, batches, _ = dynamic_sampling(
+            first, 0, sample_more, 5, 4, 2, torch.device("cpu"), draw=4, n_group=2, budget=1000, world=world
+        )
         torch.save({"calls": calls, "kept": [r.group_id for r in kept], "batches": batches}, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()

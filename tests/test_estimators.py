@@ -13,7 +13,6 @@ import torch
 from rapid import estimators
 from rapid.estimators import LossInputs, cispo_loss, gspo_loss, masked_iw_loss, topr_loss
 from rapid.iw_grpg import iw_grpg_loss
-from rapid.losses import dapo_loss, group_normalized_advantages, grpo_loss
 from tests.test_train import launch, read_rows, train_rows
 
 D = torch.float64
@@ -193,20 +192,108 @@ def random_batch(seed: int, groups: int = 3, n: int = 4, T: int = 5, stale: floa
     return logp, logp_old, logp_ref, mask, rewards, ids
 
 
-def test_registered_existing_losses_match_their_functions():
-    """iw_grpg, grpo and dapo through the registry compute exactly what rapid.train called before."""
-    logp, logp_old, logp_ref, mask, rewards, ids = random_batch(0)
-    x = LossInputs(logp, logp_old, mask, rewards, ids, logp_ref, 12, int(mask.sum()), 5)
-    seq = (logp * mask).sum(-1), (logp_old * mask).sum(-1)
-    adv = group_normalized_advantages(rewards, ids)
-    direct = {
-        "iw_grpg": iw_grpg_loss(*seq, rewards, ids, eta=2.0, normalizer=12),
-        "grpo": grpo_loss(logp, logp_old, logp_ref, adv, mask, kl_coef=0.04, max_tokens=5, normalizer=12),
-        "dapo": dapo_loss(logp, logp_old, adv, mask, normalizer=int(mask.sum())),
-    }
-    for name, (want, want_stats) in direct.items():
-        got, stats = estimators.compute(name, x, SETTINGS[name])
-        assert got.item() == want.item() and stats == want_stats, name
+def reference_loss(name: str, logp, logp_old, logp_ref, mask, rewards, ids, max_tokens: int = 5):
+    """Each registered loss written out from its paper's formula (docs/estimators.md), record by record and
+    token by token in plain Python floats, independently of rapid's tensor code: (loss, d loss / d logp [B][T],
+    {clip_frac: ...}). Groups are runs of equal `ids`; A_std = (R − mean) / (unbiased std + 1e-4), 0 for a
+    group of equal rewards; clip(r, lo, hi) = min(max(r, lo), hi)."""
+    B, T = mask.shape
+    lp, lo_, ref = logp.tolist(), logp_old.tolist(), logp_ref.tolist()
+    m, R, g = mask.tolist(), rewards.tolist(), ids.tolist()
+    toks = [[t for t in range(T) if m[n][t]] for n in range(B)]
+    members = {k: [n for n in range(B) if g[n] == k] for k in set(g)}
+    a = SETTINGS[name]
+
+    def centred(n):
+        rs = [R[j] for j in members[g[n]]]
+        return 0.0 if len(set(rs)) == 1 else R[n] - sum(rs) / len(rs)
+
+    def a_std(n):
+        rs = [R[j] for j in members[g[n]]]
+        mean = sum(rs) / len(rs)
+        std = math.sqrt(sum((r - mean) ** 2 for r in rs) / (len(rs) - 1))
+        return centred(n) / (std + 1e-4)
+
+    def clip(x, lo, hi):
+        return min(max(x, lo), hi)
+
+    def ppo(
+        r, A, lo, hi
+    ):  # the clipped objective and its derivative in log r (r A where the unclipped term is the min)
+        unclipped, clipped = r * A, clip(r, lo, hi) * A
+        return min(unclipped, clipped), (r * A if unclipped <= clipped else 0.0)
+
+    grad = [[0.0] * T for _ in range(B)]
+    total, clipped_tokens, n_tok = 0.0, 0, sum(len(t) for t in toks)
+    seq = [sum(lp[n][t] for t in toks[n]) for n in range(B)]
+    seq_old = [sum(lo_[n][t] for t in toks[n]) for n in range(B)]
+    if name in ("iw_grpg", "rapid_mask", "topr"):  # sequence REINFORCE with a weight on log π(y_n)
+        w = [math.exp(seq[n] - seq_old[n]) for n in range(B)]
+        if name == "iw_grpg":
+            coef = [min(x, a["eta"]) for x in w]
+        elif name == "rapid_mask":
+            coef = [x if x <= a["eta"] else 0.0 for x in w]
+        if name == "topr":
+            A = [R[n] - a["baseline"] for n in range(B)]
+            coef = [1.0 if A[n] >= 0 else min(w[n], 1.0) for n in range(B)]
+        else:  # Eq. 4: A = R − (1/N_k) Σ_k coef R
+            A = [R[n] - sum(coef[j] * R[j] for j in members[g[n]]) / len(members[g[n]]) for n in range(B)]
+        for n in range(B):
+            total -= coef[n] * A[n] * seq[n] / B
+            for t in toks[n]:
+                grad[n][t] = -coef[n] * A[n] / B
+        stat = sum(x > a["eta"] for x in w) / B if name != "topr" else None
+        return total, grad, {"clip_frac": stat}
+    if name == "gspo":
+        for n in range(B):
+            s = math.exp((seq[n] - seq_old[n]) / len(toks[n]))
+            A = a_std(n)
+            o, d = ppo(s, A, 1 - a["eps_low"], 1 + a["eps_high"])
+            total -= o / B
+            clipped_tokens += o != s * A
+            for t in toks[n]:
+                grad[n][t] = -d / len(toks[n]) / B
+        return total, grad, {"clip_frac": clipped_tokens / B}
+    for n in range(B):  # token-level losses
+        A = centred(n) if name == "dr_grpo" else a_std(n)
+        for t in toks[n]:
+            r = math.exp(lp[n][t] - lo_[n][t])
+            if name == "cispo":
+                rhat = min(r, 1 + a["eps_high"])
+                total -= rhat * A * lp[n][t] / n_tok
+                grad[n][t] = -rhat * A / n_tok
+                clipped_tokens += r > 1 + a["eps_high"]
+                continue
+            lo, hi = 1 - a["eps_low"], 1 + a["eps_high"]
+            o, d = ppo(r, A, lo, hi)
+            clipped_tokens += (A < 0 and r < lo) or (A > 0 and r > hi)
+            if name == "grpo":  # − β k3, k3 = e^x − x − 1 with x = log π_ref − log π: d(−β k3)/d log π = β (e^x − 1)
+                x = ref[n][t] - lp[n][t]
+                o, d = o - a["beta"] * (math.exp(x) - x - 1), d + a["beta"] * (math.exp(x) - 1)
+            scale = {"grpo": B * len(toks[n]), "dapo": n_tok, "dr_grpo": B * max_tokens}[name]
+            total -= o / scale
+            grad[n][t] = -d / scale
+    return total, grad, {"clip_frac": clipped_tokens / n_tok}
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_registered_losses_match_their_formulas(name):
+    """Every registered loss, through the registry as rapid.train calls it, against `reference_loss`: the
+    loss value, the gradient in every token's log-prob, and the clip fraction. Staleness 0.3 puts ratios on
+    both sides of every clip range; GSPO's range (±4e-4) needs staleness 1e-3 for some sequences to stay
+    inside it."""
+    logp, logp_old, logp_ref, mask, rewards, ids = random_batch(0, stale=1e-3 if name == "gspo" else 0.3)
+    x = dict(logp_old=logp_old, mask=mask, rewards=rewards, group_ids=ids, logp_ref=logp_ref)
+    x |= dict(n_records=12, n_tokens=int(mask.sum()), max_tokens=5)
+    loss, g, stats = grad_of(lambda lp: estimators.compute(name, LossInputs(lp, **x), SETTINGS[name]), logp)
+    want, want_g, want_stats = reference_loss(name, logp, logp_old, logp_ref, mask, rewards, ids)
+    assert loss == pytest.approx(want, abs=1e-12, rel=1e-12)
+    torch.testing.assert_close(g, torch.tensor(want_g, dtype=D), rtol=1e-10, atol=1e-13)
+    assert g.abs().max() > 1e-3  # not vacuous: some record pulls
+    if want_stats["clip_frac"] is not None:
+        assert stats["clip_frac"] == pytest.approx(want_stats["clip_frac"], abs=1e-12)
+    if name in ("grpo", "dapo", "dr_grpo", "iw_grpg", "gspo"):
+        assert 0 < want_stats["clip_frac"] < 1, want_stats  # both branches of the clip are exercised
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
@@ -237,9 +324,12 @@ def test_declared_skip_drops_only_zero_gradient_groups(name):
     skip = estimators.get(name).skip(a)
     expected = {"iw_grpg": "zero_rewards", "rapid_mask": "zero_rewards", "grpo": None, "topr": None}
     assert skip == expected.get(name, "equal_rewards")
-    if skip is None:
-        return
     logp, logp_old, logp_ref, mask, rewards, ids = random_batch(2, stale=0.2 if name != "gspo" else 1e-3)
+    if skip is None:  # the declaration is needed: an all-0 and an all-1 group pull on the gradient
+        x = LossInputs(logp, logp_old, mask, rewards, ids, logp_ref, 12, int(mask.sum()), 5)
+        _, g, _ = grad_of(lambda lp: estimators.compute(name, replace(x, logp=lp), a), logp)
+        assert g[:4].abs().max() > 1e-4 and g[4:8].abs().max() > 1e-4  # GRPO: the KL term; TOPR: A = R − 0.5
+        return
     kept = slice(4, 12) if skip == "zero_rewards" else slice(8, 12)  # group 0 all 0, group 1 all 1
     norms = dict(n_records=12, n_tokens=int(mask.sum()), max_tokens=5)
 

@@ -67,7 +67,7 @@ def two_steps(policy, model, mine: list[Rollout]) -> tuple[dict, list[float]]:
 def update_main(rank: int, world: int, init_file: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    distributed._owned = True
+    distributed._owned = distributed._ranks = True
     try:
         results = {}
         for parallel in ("ddp", "fsdp"):
@@ -84,8 +84,37 @@ def update_main(rank: int, world: int, init_file: str, out: str) -> None:
         if rank == 0:
             torch.save(results, out)
     finally:
-        distributed._owned = False
+        distributed._owned = distributed._ranks = False
         dist.destroy_process_group()
+
+
+def reference_two_steps() -> tuple[dict, list[float]]:
+    """The same two SGD steps in one process, written without rapid.policy, rapid.iw_grpg or the
+    registry: each completion's log-prob from a plain forward of its unpadded [prompt | completion]
+    (log softmax at T = 1, the completion tokens gathered, summed), then IW-GRPG by its formula over the
+    16 records: w = exp(log π − log μ), w̄ = min(w, 2), A_n = R_n − (1/4) Σ_group w̄ R,
+    loss = −(1/16) Σ_n w̄_n A_n log π(y_n) (the all-zero group has A = 0 and adds nothing)."""
+    model, tok = tiny_model()
+    records = minibatch(model, tok)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    rewards = torch.tensor([r.reward for r in records])
+    log_mu = torch.tensor([sum(r.logp_mu) for r in records])
+    norms = []
+    for _ in range(2):
+        logp = []
+        for r in records:
+            ids = torch.tensor([r.prompt_ids + r.completion_ids])
+            logits = model(input_ids=ids).logits[0, len(r.prompt_ids) - 1 : -1]  # row t predicts completion token t
+            logp.append(torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(r.completion_ids)[:, None]).sum())
+        logp = torch.stack(logp)
+        w_bar = (logp.detach() - log_mu).exp().clamp(max=2.0)
+        baseline = (w_bar * rewards).view(4, 4).mean(1).repeat_interleave(4)  # groups of 4, in order
+        loss = -(w_bar * (rewards - baseline) * logp).sum() / 16
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9).item())
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return {k: v.clone() for k, v in model.state_dict().items()}, norms
 
 
 @pytest.mark.slow
@@ -103,6 +132,11 @@ def test_fsdp_update_equals_ddp(tmp_path):
     initial, _ = tiny_model()
     moved = max((ddp[k] - v).abs().max().item() for k, v in initial.state_dict().items())
     assert moved > 1e-3  # the comparison is not between two untouched models
+    # and both against the single-process reference written from the formula (rapid's DDP could share a bug)
+    ref, ref_norms = reference_two_steps()
+    assert fsdp_norms == pytest.approx(ref_norms, rel=1e-5)
+    worst = max((fsdp[k] - ref[k]).abs().max().item() for k in ref)
+    assert worst < 1e-6, worst  # 4e-8 here; the weights moved by up to 0.014
 
 
 def checkpoint_main(rank: int, world: int, init_file: str, run_dir: str) -> None:
@@ -110,7 +144,7 @@ def checkpoint_main(rank: int, world: int, init_file: str, run_dir: str) -> None
     resumes it into a fresh sharded model, and rank 0 also into a plain one."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    distributed._owned = True
+    distributed._owned = distributed._ranks = True
     try:
         model, tok = tiny_model()
         records = minibatch(model, tok)
@@ -164,7 +198,7 @@ def checkpoint_main(rank: int, world: int, init_file: str, run_dir: str) -> None
                 f"{run_dir}/result.pt",
             )
     finally:
-        distributed._owned = False
+        distributed._owned = distributed._ranks = False
         dist.destroy_process_group()
 
 

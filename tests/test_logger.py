@@ -113,3 +113,20 @@ def test_rows_written_under_the_earlier_names_read_under_todays(tmp_path):
     ]
     today = {"progress/round": 3, "iw/clip_frac": 0.0, "iw/staleness": 0.0, "loss/clip_frac": 0.5}
     assert current_names(today) == today
+
+
+def test_token_means_combine_over_ranks_by_tokens():
+    """One step on two ranks: rank 0 ran 2 records of 2 tokens with clip fraction 0.5 (1 token clipped),
+    rank 1 ran 2 records of 6 tokens with none clipped. The step's token clip fraction is 1 / 8 = 0.125
+    (weighted by records it would be 0.25); a per-record statistic, staleness 0.2 and 0.6, is their
+    record-weighted mean 0.4."""
+    from rapid.logger import step_means, step_sums
+
+    ranks = [
+        [{"clip_frac": 0.5, "staleness": 0.2, "records": 2, "tokens": 2}],
+        [{"clip_frac": 0.0, "staleness": 0.6, "records": 2, "tokens": 6}],
+    ]
+    parts = [step_sums(steps, ["clip_frac", "staleness"], {"clip_frac"}) for steps in ranks]
+    summed = {k: parts[0][k] + parts[1][k] for k in parts[0]}
+    assert step_means(summed, 1, "clip_frac", 2, tokens=True) == pytest.approx(0.125)
+    assert step_means(summed, 1, "staleness", 2) == pytest.approx(0.4)

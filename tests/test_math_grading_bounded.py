@@ -8,7 +8,14 @@ import pytest
 
 from rapid.tasks import arithmetic, gsm8k, multistep
 from rapid.tasks import math as task
-from rapid.tasks.grading import MEMORY_LIMIT_BYTES, SYMBOLIC, boxed_number_reward, last_boxed, parse_number
+from rapid.tasks.grading import (
+    MEMORY_LIMIT_BYTES,
+    SYMBOLIC,
+    GradingError,
+    boxed_number_reward,
+    last_boxed,
+    parse_number,
+)
 
 N = 100_000
 # Long answers of several shapes; each was chosen to make some pattern backtrack (the first took
@@ -45,7 +52,7 @@ def test_long_adversarial_answers_are_graded_in_bounded_time(shape):
     answer = SHAPES[shape]
     start = time.perf_counter()
     task.normalize(answer)
-    task.split_items(task.normalize(answer))
+    task.read_values(task.normalize(answer))
     assert task.reward(f"\\boxed{{{answer}}}", {"answer": "5", "grading": {"timeout_s": 5.0}}) == 0.0
     task.is_equiv(answer[: task.MAX_ANSWER_CHARS], "5", 5.0)  # under the cap: every rule runs
     parse_number(answer)
@@ -140,3 +147,15 @@ def test_the_symbolic_checker_has_an_address_space_limit():
     limits = Path(f"/proc/{SYMBOLIC._proc.pid}/limits").read_text()
     line = next(row for row in limits.splitlines() if row.startswith("Max address space"))
     assert line.split()[3:5] == [str(MEMORY_LIMIT_BYTES)] * 2  # soft and hard limit
+
+
+@pytest.mark.slow
+def test_one_grade_shares_its_time_limit_among_its_values():
+    """Eight values that each take sympy about a second (here) are one grade of at most `timeout_s`,
+    not eight: the whole grade raises GradingError once the time is spent."""
+    pred = ", ".join(f"(x+{k})^{{300}}" for k in range(1, 9))
+    gold = ", ".join(f"x+{k}" for k in range(1, 9))
+    start = time.monotonic()
+    with pytest.raises(GradingError, match="math-verify took over 1 s"):
+        task.is_equiv(pred, gold, 1.0, "Find all the roots.")
+    assert time.monotonic() - start < 4.0  # 1 s, and killing the checker (the values one by one: ~8 s)

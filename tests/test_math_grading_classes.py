@@ -80,7 +80,8 @@ def test_a_false_equation_or_one_about_another_variable_never_scores():
         # true statements of the answer score
         ("2^{10} = 1024", "1024", 1.0),
         ("x = 2 + 3 = 5", "5", 1.0),
-        ("n = 7", "7", 1.0),
+        ("n = 7", "7", "Find the integer $n$ with $2n = 14$.", 1.0),
+        ("n = 7", "7", 0.0),  # the problem has no n
         ("x = 5", "x=5", 1.0),
         ("5", "x=5", 1.0),
         ("y = 3 + 2x", "y=2x+3", 1.0),
@@ -203,7 +204,18 @@ def test_choices_and_words_compare_as_text():
     ],
 )
 def test_correct_answers_in_unusual_forms_score(pred, gold):
-    assert score(pred, gold) == 1.0
+    assert score(pred, gold, QUESTIONS.get(pred, ONE)) == 1.0
+
+
+# a unit the gold lacks is allowed where the question asks for it (rule 5)
+QUESTIONS = {
+    "864 \\text{ square inches}": "What is the area of the rug, in square inches?",
+    "5.4 \\text{ cents}": "How many cents does one pencil cost?",
+    "14 \\text{ right triangles} \\text{ total}": "How many right triangles are there in total?",
+    "\\$18.90": "How many dollars does the meal cost?",
+    "50\\%": "What percent of the votes did she win?",
+    "90^\\circ": "What is the measure of angle $B$, in degrees?",
+}
 
 
 def test_a_box_without_braces_counts():

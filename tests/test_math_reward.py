@@ -70,10 +70,15 @@ TABLE = [
 ]
 
 
+# a unit the gold lacks is allowed where the question asks for it (rule 5)
+ASKS = {"50\\%": "What percent of the class passed?", "\\$18.90": "How many dollars did she pay?"}
+ASKS["90^\\circ"] = "What is the measure, in degrees, of angle $A$?"
+
+
 @pytest.mark.parametrize("pred, gold, equal", TABLE)
 def test_answer_table(pred, gold, equal):
     # 60 s: a loaded machine must not turn a verdict into a timeout (which now raises, and is counted)
-    record = {"answer": gold, "grading": {"timeout_s": 60.0}}
+    record = {"answer": gold, "problem": ASKS.get(pred, ""), "grading": {"timeout_s": 60.0}}
     assert task.reward(f"so the answer is \\boxed{{{pred}}}.", record) == float(equal)
 
 
@@ -92,16 +97,18 @@ def test_pathological_expression_times_out_and_is_counted():
     start = time.monotonic()
     record = {"answer": "1", "grading": {"timeout_s": 1.0}}
     with pytest.raises(GradingError, match="math-verify took over 1 s"):
-        task.reward("\\boxed{9^{9^{9^{9}}}}", record)
-    assert score(task, ["\\boxed{9^{9^{9^{9}}}}"], [record]) == ([0.0], 1)  # scored 0, counted
+        task.reward("\\boxed{(x+1)^{9999}}", record)
+    assert score(task, ["\\boxed{(x+1)^{9999}}"], [record]) == ([0.0], 1)  # scored 0, counted
     assert time.monotonic() - start < 16.0  # 2 x (1 s limit + killing and restarting the checker)
     assert task.reward("\\boxed{\\frac{\\sqrt{2}}{2}}", {"answer": "\\frac{1}{\\sqrt{2}}"}) == 1.0  # recovered
 
 
 def test_degree_normalising_is_linear_time():
-    assert [task.normalize(a) for a in ("90^\\circ", "90^{\\circ}", "90 ^ { \\circ }", "30\\circ")] == ["90"] * 3 + [
-        "30"
+    degrees = [
+        task.normalize(a).replace(" \\text", "\\text")
+        for a in ("90^\\circ", "90^{\\circ}", "90 ^ { \\circ }", "30\\circ")
     ]
+    assert degrees == ["90\\text{ degrees}"] * 3 + ["30\\text{ degrees}"]
     start = time.monotonic()
     task.normalize("1^" + " " * 60_000 + "x")  # the former pattern backtracked: ~11 s here
     task.normalize("^ {" * 20_000)
@@ -242,5 +249,5 @@ def test_score_inline_and_with_a_task_module():
     rewards, failed = score(flaky_reward, ["1", "raise"], [{"answer": "1"}] * 2, workers=0)
     assert (rewards, failed) == ([1.0, 0.0], 1)
     records = [{"answer": "\\frac{1}{\\sqrt{2}}"}, {"answer": "1", "grading": {"timeout_s": 1.0}}]
-    completions = ["\\boxed{\\frac{\\sqrt{2}}{2}}", "\\boxed{9^{9^{9^{9}}}}"]
+    completions = ["\\boxed{\\frac{\\sqrt{2}}{2}}", "\\boxed{(x+1)^{9999}}"]
     assert score(task, completions, records, workers=2, timeout=30.0) == ([1.0, 0.0], 1)  # the timeout counted

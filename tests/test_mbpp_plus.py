@@ -76,15 +76,15 @@ def test_tagged_json_round_trip_and_refusals():
         np.array(["a", "bc"]),
         np.bool_(False),
     ]
-    wire = json.loads(json.dumps(sandbox.encode(value)))
+    wire = json.dumps(sandbox.encode(value))
     back = sandbox.decode(wire)
     assert back[:-3] == value[:-3] and back[-1] == value[-1] and [type(v) for v in back] == [type(v) for v in value]
     assert back[-4].dtype == np.float32  # numpy types survive
     assert [np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(back[-3:-1], value[-3:-1])] == [True, True]
-    assert math.isnan(sandbox.decode(sandbox.encode(float("nan"))))
+    assert math.isnan(sandbox.decode(json.dumps(sandbox.encode(float("nan")))))
     Point = collections.namedtuple("Point", "x y")
-    assert sandbox.decode(sandbox.encode(collections.Counter("aab"))) == {"a": 2, "b": 1}
-    assert type(sandbox.decode(sandbox.encode(Point(1, 2)))) is tuple  # behaviour never travels
+    assert sandbox.decode(json.dumps(sandbox.encode(collections.Counter("aab")))) == {"a": 2, "b": 1}
+    assert type(sandbox.decode(json.dumps(sandbox.encode(Point(1, 2))))) is tuple  # behaviour never travels
 
     class Liar(int):
         def __eq__(self, other):
@@ -95,7 +95,7 @@ def test_tagged_json_round_trip_and_refusals():
             sandbox.encode(bad)
     for bad in ({"a": 1}, {"tuple": 3}, {"float": "1.0"}, {"complex": ["1", 2.0]}, {"x": 1, "y": 2}):
         with pytest.raises(ValueError):
-            sandbox.decode(bad)
+            sandbox.decode(json.dumps(bad))
 
 
 @pytest.mark.parametrize(
@@ -250,7 +250,7 @@ def test_time_limit_is_per_test(bwrap):
     assert toy_reward(slow) == 1.0
     start = time.monotonic()
     assert toy_reward("import time\ndef add(a, b):\n    time.sleep(3 if a == 3 else 0)\n    return a + b") == 0.0
-    assert time.monotonic() - start < 2.0 + sandbox.GRACE_S  # stopped at the slow test
+    assert time.monotonic() - start < 2.0 + sandbox.STARTUP_S  # stopped at the slow test
 
 
 @pytest.mark.parametrize(

@@ -282,3 +282,67 @@ def test_a_minibatch_of_zero_advantage_groups_runs_nothing_and_steps_as_on_its_c
     assert stats[0]["loss"] == 0.0
     assert torch.equal(params[0], params[1])
     assert (params[0] - torch.cat([p.detach().flatten() for p in model.parameters()])).abs().max() > 0
+
+
+def test_token_statistics_combine_over_micro_batches_by_tokens():
+    """DAPO's clip fraction, ratio mean and the token log-prob gap are means over completion tokens, so a
+    minibatch's value must not depend on how it is cut into micro-batches. Two groups of two records,
+    rewards (1, 0) in each (normalised advantages +0.707, -0.707). Group 10: one token per completion; the
+    positive record's token has r = 2 (log μ = log π − ln 2: above 1 + 0.28, clipped high), the other r = 1.
+    Group 11: three tokens per completion, every r = 1. Over the minibatch's 8 tokens, by hand:
+        clip_frac  = 1 / 8 = 0.125            (per micro-batch 1/2 and 0; their record mean was 0.25)
+        ratio_mean = (2 + 1 + 6 * 1) / 8 = 1.125                                   (record mean 1.25)
+        token_logp_gap = ln 2 / 8 = 0.0866434                                  (record mean ln 2 / 4)
+    One micro-batch of four and two of two (one group each) give these values."""
+    import math
+
+    from rapid import estimators
+    from rapid.iw_grpg import masked_mean
+    from rapid.policy import token_mean_stats
+
+    model, tok = tiny_model()
+    prompts = encode(tok, ["What is 2 + 3?", "Hi"])
+    lengths = {10: (1, 1), 11: (3, 3)}
+    records = [
+        Rollout(prompts[k], list(range(5, 5 + n)), [0.0] * n, float(i == 0), group_id=g, truncated=False)
+        for k, (g, ns) in enumerate(lengths.items())
+        for i, n in enumerate(ns)
+    ]
+    with torch.no_grad():
+        true = completion_logprobs(CompletionLogprobs(model, 1.0), collate(records, tok.pad_token_id))
+    for i, r in enumerate(records):
+        r.logp_mu = (true[i, : len(r.completion_ids)] - (math.log(2.0) if i == 0 else 0.0)).tolist()
+
+    def loss_fn(token_logp, batch, n_records, n_tokens):
+        x = estimators.LossInputs(
+            token_logp, batch.logp_mu, batch.completion_mask, batch.rewards, batch.group_ids, None, n_records, n_tokens
+        )
+        loss, stats = estimators.compute("dapo", x, {"eps_low": 0.2, "eps_high": 0.28})
+        gap = masked_mean((token_logp.detach() - batch.logp_mu).abs(), batch.completion_mask).item()
+        return loss, stats | {"token_logp_gap": gap}
+
+    for micro in (4, 2):
+        s = accumulate_gradients(
+            CompletionLogprobs(copy.deepcopy(model), 1.0),
+            records,
+            loss_fn,
+            micro_batch=micro,
+            pad_id=tok.pad_token_id,
+            device=CPU,
+            compute_dtype=torch.float32,
+            token_stats=token_mean_stats("token"),
+        )
+        assert s["clip_frac"] == pytest.approx(0.125, abs=1e-6), micro
+        assert s["clip_frac_high"] == pytest.approx(0.125, abs=1e-6) and s["clip_frac_low"] == 0.0
+        assert s["ratio_mean"] == pytest.approx(1.125, abs=1e-5), micro
+        assert s["token_logp_gap"] == pytest.approx(math.log(2.0) / 8, abs=1e-5), micro
+        assert (s["records"], s["tokens"]) == (4, 8)
+
+
+def test_token_mean_stats_names_the_token_means():
+    from rapid.policy import token_mean_stats
+
+    token, seq = token_mean_stats("token"), token_mean_stats("sequence", "token")
+    assert token("clip_frac") and token("kl_mean") and token("token_logp_gap") and not token("loss")
+    assert not token("correction_trunc_frac")  # engine_correction none or sequence: per record
+    assert not seq("clip_frac") and not seq("staleness") and seq("correction_ratio_mean") and seq("token_logp_gap")

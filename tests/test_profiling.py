@@ -74,3 +74,26 @@ def test_bf16_on_an_avx2_only_cpu_warns(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+
+
+def test_calibration_is_short_single_threaded_and_recorded_in_meta(tmp_path):
+    """calibrate() times its fixed work on one thread and gives the caller's thread count back; every run's
+    meta.json carries it (write_run_files), so that tools/stats.py can flag a run made on a busy machine."""
+    import json
+    import os
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from rapid.logger import write_run_files
+    from rapid.profiling import calibrate
+
+    threads = torch.get_num_threads()
+    c = calibrate(reps=3)
+    assert set(c) == {"matmul_s", "python_s", "loadavg_1m"}
+    assert 0 < c["matmul_s"] < 5 and 0 < c["python_s"] < 5
+    assert c["loadavg_1m"] == pytest.approx(os.getloadavg()[0], abs=5.0)
+    assert torch.get_num_threads() == threads
+    write_run_files(tmp_path, OmegaConf.create({"seed": 0}), "cpu")
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert set(meta["calibration"]) == set(c) and meta["calibration"]["matmul_s"] > 0

@@ -4,6 +4,7 @@ README / docs pages that quote it (each of which exists and names the folder).""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -43,3 +44,31 @@ def test_results_folder_names_its_command_commit_machine_and_quotes(folder):
         page = (folder / target).resolve()
         assert page.is_file(), f"{folder.name}/README.md: {target} does not exist"
         assert folder.name in page.read_text(), f"{folder.name}/README.md: {target} does not mention {folder.name}"
+
+
+def run_commits(folder: Path) -> set[str]:
+    """The commits the code ran at, as the folder's runs recorded them (meta.json, meta_resume.json,
+    bench_rl_meta.json: `git_commit`), shortened to 7 hex digits."""
+    commits = set()
+    for meta in folder.rglob("*meta*.json"):
+        try:
+            commit = json.loads(meta.read_text()).get("git_commit")
+        except (ValueError, AttributeError):
+            continue
+        if commit:
+            commits.add(str(commit)[:7])
+    return commits
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=[p.name for p in FOLDERS])
+def test_results_folder_names_the_code_its_runs_ran_at(folder):
+    """A result is tied to the code that made it, not to the commit that added the files: every commit
+    a run recorded is named in the README, and a folder whose runs recorded their machine says which."""
+    text = provenance(folder)
+    commits = run_commits(folder)
+    missing = sorted(c for c in commits if c not in text)
+    assert not missing, f"{folder.name}/README.md does not name the commits its runs ran at: {', '.join(missing)}"
+    if commits:
+        assert not re.search(r"^- Machine: not recorded", text, re.M), (
+            f"{folder.name}/README.md: its runs recorded their CPU in meta.json; say which machine it was"
+        )

@@ -28,29 +28,39 @@ torch.serialization.register_package(1, _tag, lambda storage, location: None)
 
 
 def test_checkpoint_saved_on_cuda_loads_onto_the_cpu(tmp_path):
+    """A checkpoint whose optimizer moments lie on cuda:0 restores onto a CPU model, moments on the CPU.
+    With a GPU the moments really are on cuda:0; without one the tagger makes state.pt record cuda:0."""
+    gpu = torch.cuda.is_available()
     model, tokenizer = tiny_model()
+    if gpu:
+        model.to("cuda:0")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     stream = PromptStream(10, seed=0)
     model.train()
-    model(input_ids=torch.tensor([[1, 2, 3, 4]]), labels=torch.tensor([[1, 2, 3, 4]])).loss.backward()
+    ids = torch.tensor([[1, 2, 3, 4]], device=next(model.parameters()).device)
+    model(input_ids=ids, labels=ids).loss.backward()
     optimizer.step()
-    moments = {i: s["exp_avg"].clone() for i, s in optimizer.state_dict()["state"].items()}
-    CUDA_TAGGED.update(s[k].untyped_storage().data_ptr() for s in optimizer.state.values() for k in s)
+    moments = {i: s["exp_avg"].cpu().clone() for i, s in optimizer.state_dict()["state"].items()}
+    if not gpu:
+        CUDA_TAGGED.update(s[k].untyped_storage().data_ptr() for s in optimizer.state.values() for k in s)
     try:
         path = checkpoint.save(
             tmp_path, 1, model, tokenizer, optimizer, scheduler, stream, OmegaConf.create({"seed": 0}), 0.0, keep=1
         )
     finally:
         CUDA_TAGGED.clear()
-    assert not torch.cuda.is_available()  # else the file would load onto cuda:0 and prove nothing
-    # the file does record cuda:0: loading it where it was saved needs CUDA
-    with pytest.raises(RuntimeError, match="CUDA"):
-        torch.load(path / "state.pt", weights_only=False)
+    # the file does record cuda:0: a plain torch.load puts the moments back there (or fails without CUDA)
+    if gpu:
+        raw = torch.load(path / "state.pt", weights_only=False)["optimizer"]["state"]
+        assert {s["exp_avg"].device.type for s in raw.values()} == {"cuda"}
+    else:
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(path / "state.pt", weights_only=False)
 
     assert checkpoint.latest(tmp_path) == path  # not passed over as unreadable
     assert checkpoint.load_config(path).seed == 0
-    fresh, _ = tiny_model(seed=1)
+    fresh, _ = tiny_model(seed=1)  # on the CPU, as a resumed run's rank that reads it
     optimizer2 = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
     scheduler2 = torch.optim.lr_scheduler.LambdaLR(optimizer2, lambda step: 1.0)
     checkpoint.load(path, fresh, optimizer2, scheduler2, PromptStream(10, seed=0))

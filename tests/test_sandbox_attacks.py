@@ -339,10 +339,10 @@ record = {json.dumps(TOY)}
 task.reward("def add(a, b): return 0", record)            # the reference runs first (cached)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 raw = '''import os
-payload = b'{{"ok": [' + b'[], ' * (15 << 20) + b'[]], "s": 0.0}}\\n'
+payload = b'ok [' + b'[], ' * (15 << 20) + b'[]]\\n'
 for fd in range(3, 64):
     try:
-        os.write(fd, b'{{"setup": 1}}\\n' + payload)
+        os.write(fd, b'setup\\n' + payload)
     except OSError:
         pass
 def add(a, b):

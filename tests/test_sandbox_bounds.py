@@ -52,7 +52,8 @@ def forge(*lines: bytes, then: str = "os._exit(0)") -> str:
 
 
 def result_line(value) -> bytes:
-    return b'{"setup": 1}\n' + json.dumps({"ok": value, "s": 0.0}).encode() + b"\n"
+    """The setup line and an answer to the first input, written before the input is sent."""
+    return b"setup\nok " + json.dumps(value).encode() + b"\n"
 
 
 def graded_apart(code: str, record=TOY) -> dict:
@@ -98,6 +99,11 @@ FORGED = {
     "frozenset of 38k colliding ints": result_line({"frozenset": [P * k for k in range(1, 38000)]}),
     "dict of 32k colliding keys": result_line({"dict": [[P * k, 0] for k in range(1, 32000)]}),
     "set of 40k copies of one int": result_line({"set": [7] * 40000}),
+    # values that take 20-40x their bytes once decoded, sized just under the toy's 1 MiB line cap
+    "262k empty lists (1 MiB)": result_line([[]] * 262000),
+    "80k empty sets (1 MiB)": result_line([{"set": []}] * 80000),
+    "87k empty dicts (1 MiB)": result_line([{"dict": []}] * 87000),
+    "100k-deep nesting": b"setup\nok " + b"[" * 100000 + b"]" * 100000 + b"\n",
 }
 
 
@@ -109,9 +115,73 @@ def test_forged_result_lines_are_refused_fast_in_bounded_memory(name):
     assert result["s"] < 3.0 and result["mb"] < 64, (name, result)
 
 
+def traced_peak(fn, *args, **kwargs):
+    """(what fn returned or raised, the peak of memory traced while it ran)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        try:
+            out = fn(*args, **kwargs)
+        except Exception as e:
+            out = e
+        return out, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("name", ["262k empty lists (1 MiB)", "80k empty sets (1 MiB)", "87k empty dicts (1 MiB)"])
+def test_answers_that_decode_to_many_times_their_size_are_refused_before_parsing(name):
+    """1 MiB answers (the toy's line cap) that decode to 7-22x their size: with the budget a small
+    expected value gets (32 MB), each is refused from its token count, before anything is parsed."""
+    data = FORGED[name].split(b"\nok ", 1)[1].rstrip(b"\n")
+    value, unbounded = traced_peak(sandbox.decode, data)
+    assert not isinstance(value, Exception) and unbounded > 6 * len(data), (name, unbounded)  # the hazard
+    refused, peak = traced_peak(sandbox.decode, data, max_bytes=task.DECODE_FLOOR)
+    assert isinstance(refused, ValueError) and peak < 64 << 10, (name, refused, peak)
+
+
+SHAPES = {  # JSON texts that decode to many times their size, and the ordinary kinds of answers
+    "empty lists": "[" + ",".join(["[]"] * 20000) + "]",
+    "empty sets": "[" + ",".join(['{"set":[]}'] * 20000) + "]",
+    "empty dicts": "[" + ",".join(['{"dict":[]}'] * 20000) + "]",
+    "set of ints": '{"set":[' + ",".join(map(str, range(20000))) + "]}",
+    "dict of ints": '{"dict":[' + ",".join(f"[{i},{i}]" for i in range(20000)) + "]}",
+    "one-element tuples": "[" + ",".join(['{"tuple":[1]}'] * 20000) + "]",
+    "complex numbers": "[" + ",".join(['{"complex":[0.0,0.0]}'] * 20000) + "]",
+    "numpy scalars": "[" + ",".join(['{"npscalar":["<f8",1.5]}'] * 20000) + "]",
+    "empty arrays": "[" + ",".join(['{"ndarray":["<f8",[0],[]]}'] * 5000) + "]",
+    "floats": "[" + ",".join(repr(i + 0.5) for i in range(20000)) + "]",
+    "one-character strings": "[" + ",".join(f'"{chr(0x4E00 + i % 1000)}"' for i in range(20000)) + "]",
+    "an astral character and ASCII": '["\\ud83d\\ude00' + "a" * 80000 + '"]',
+    "huge integers": "[" + ",".join([str(10**4000)] * 20) + "]",
+    "deep nesting": "[" * 500 + "]" * 500,
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_decoded_cost_bounds_the_decoders_memory(name):
+    """`decoded_cost`, counted before parsing, is above what decoding holds at its peak (tracemalloc;
+    numpy's buffers are traced too): the budget check on the cost is a bound on memory."""
+    import tracemalloc
+
+    data = SHAPES[name].encode()
+    tracemalloc.start()
+    try:
+        value = sandbox.decode(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert value is not None
+    assert peak <= sandbox.decoded_cost(data), (name, peak, sandbox.decoded_cost(data))
+    with pytest.raises(ValueError):  # and a budget below the cost refuses it
+        sandbox.decode(data, max_bytes=sandbox.decoded_cost(data) - 1)
+
+
+@pytest.mark.slow
 def test_a_long_line_before_setup_is_refused_fast():
-    """100 MB without a newline, before the setup line (and after it): nothing that size is expected."""
-    for prefix in (b"", b'{"setup": 1}\n'):
+    """100 MB without a newline, before the setup line, after it, and as an answer: nothing that size is expected."""
+    for prefix in (b"", b"setup\n", b"setup\nok "):
         code = forge(
             prefix, then="chunk = b'x' * (1 << 20)\nfor _ in range(100):\n    os.write(fd, chunk)\nos._exit(0)"
         )
@@ -119,6 +189,7 @@ def test_a_long_line_before_setup_is_refused_fast():
         assert result["score"] == 0.0 and result["s"] < 3.0 and result["mb"] < 64, (prefix, result)
 
 
+@pytest.mark.slow
 def test_lines_are_read_in_linear_time():
     """An honest 3 MB answer arriving in many small writes is read without quadratic copying."""
     record = {**TOY, "canonical_solution": "def add(a, b):\n    return [a] * 300000 + [b]\n"}
@@ -129,21 +200,21 @@ def test_lines_are_read_in_linear_time():
 
 def test_decode_is_bounded_and_raises_only_value_error():
     with pytest.raises(ValueError):
-        sandbox.decode({"ndarray": ["<U134217728", [3], ["a", "b", "c"]]}, max_bytes=64 << 20)
+        sandbox.decode(json.dumps({"ndarray": ["<U134217728", [3], ["a", "b", "c"]]}), max_bytes=64 << 20)
     with pytest.raises(ValueError):
-        sandbox.decode({"npscalar": ["|i1", 1000]})
+        sandbox.decode(json.dumps({"npscalar": ["|i1", 1000]}))
     with pytest.raises(ValueError):
-        sandbox.decode({"set": [P * k for k in range(1, 100)]})
+        sandbox.decode(json.dumps({"set": [P * k for k in range(1, 100)]}))
     start = time.perf_counter()
     with pytest.raises(ValueError):
-        sandbox.decode({"dict": [[P * k, 0] for k in range(1, 200000)]})
+        sandbox.decode(json.dumps({"dict": [[P * k, 0] for k in range(1, 200000)]}))
     # linear: ~0.1 s idle, 1.4 s seen on a loaded 2-core machine; a quadratic decode of these 200k colliding
     # keys takes minutes (38k took 8 s), so the bound sits far from both
     assert time.perf_counter() - start < 10.0
     # legitimate values still decode: a few equal hashes (-1 and -2 share one) are fine
-    assert sandbox.decode({"set": [-1, -2, 3]}) == {-1, -2, 3}
-    assert sandbox.decode({"dict": [[-1, "a"], [-2, "b"]]}) == {-1: "a", -2: "b"}
-    big = sandbox.decode({"ndarray": ["<U4", [2], ["abcd", "e"]]}, max_bytes=1 << 10)
+    assert sandbox.decode(json.dumps({"set": [-1, -2, 3]})) == {-1, -2, 3}
+    assert sandbox.decode(json.dumps({"dict": [[-1, "a"], [-2, "b"]]})) == {-1: "a", -2: "b"}
+    big = sandbox.decode(json.dumps({"ndarray": ["<U4", [2], ["abcd", "e"]]}), max_bytes=1 << 16)
     assert big.tolist() == ["abcd", "e"]
 
 
@@ -169,7 +240,7 @@ def test_an_answer_after_its_limit_does_not_score(body):
     code = "import signal, time\ndef add(a, b):\n    late = 3.0 if a == 1 else 0.0\n" + body
     start = time.monotonic()
     assert task.reward(f"```python\n{code}\n```", TOY) == 0.0
-    assert time.monotonic() - start < 2.0 + sandbox.GRACE_S + sandbox.STARTUP_S
+    assert time.monotonic() - start < 2.0 + 1.0 + sandbox.STARTUP_S
 
 
 def test_an_answer_inside_its_limit_scores():
@@ -303,8 +374,10 @@ def test_memory_outside_the_address_space_is_bounded(name):
 def test_memory_bound_is_stated_and_finite():
     limits = sandbox.Limits(memory_mb=1024, disk_mb=64, file_mb=8, open_files=32)
     pipe_mb = max(1, sandbox.pipe_max_bytes() >> 20)
-    tasks = 32 + 2  # threads, bwrap's init and the driver: 64 KiB of kernel memory each, rounded up to MB
-    assert sandbox.memory_bound_mb(limits) == 1024 + 64 + 32 * max(8, pipe_mb) + 3
+    tasks = 32 + 2  # threads, bwrap's init and the driver: 64 KiB of kernel memory each
+    # kernel objects, in KiB: 34 tasks x 64 + 4,096 inodes x 2 + 64 signals x 1 + 32^2 epoll watches x 1
+    # = 2,176 + 8,192 + 64 + 1,024 = 11,456 KiB, rounded up to 12 MB
+    assert sandbox.memory_bound_mb(limits) == 1024 + 64 + 32 * max(8, pipe_mb) + 12
     assert sandbox.nproc(limits, "bwrap") == tasks
     assert sandbox.nproc(sandbox.Limits(processes=4), "process") == 4
 

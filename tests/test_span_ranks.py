@@ -82,8 +82,8 @@ def train(name: str, policy, model, minibatches, spanning: bool) -> tuple[dict, 
         if "w_bar_mean" in stats:
             n = stats["records"]
             moments = torch.tensor([stats["w_bar_mean"] * n, stats["w_bar_sq_mean"] * n, n], dtype=torch.float64)
-            if dist.is_initialized():
-                dist.all_reduce(moments)
+            if isinstance(policy, DistributedDataParallel):  # ranks of this test, not any default group
+                dist.all_reduce(moments, group=policy.process_group)
             w1, w2, n = moments.tolist()
             if n > 0:
                 ess.append((step, normalized_ess(w1 / n, w2 / n)))

@@ -341,7 +341,13 @@ def test_power_target_below_the_base_model_is_called_degenerate(tmp_path):
     assert s["target"] == pytest.approx(0.2) and s[1]["tta"] == 0.0 and s[8]["tta"] == 0.0
     assert "**The target is degenerate**: PG's final accuracy (0.200) is at or below the base model's (0.300)" in text
     assert "Ending below the base model: PG 1 of 2, RAPID H=8 1 of 2" in text
-    assert s["wall_ratio"] == pytest.approx(0.5)  # (4 + 6) / (10 + 10)
+    # per-seed time ratios 4/10 and 6/10: the mean log ratio (ln 0.4 + ln 0.6) / 2 = −0.713558, its
+    # geometric mean exp(−0.713558) = 0.489898 (the ratio of mean times would say 0.5); sd of the logs
+    # |ln 0.4 − ln 0.6| / √2 = 0.286707, t95(1) · sd / √2 = 12.706 · 0.202733 = 2.575920 ->
+    # [exp(−3.289478), exp(1.862362)] = [0.037273, 6.43893]: two seeds say little
+    assert s["wall_ratio"] == pytest.approx(0.489898, abs=1e-6)
+    assert s["wall_ratio_ci"] == (pytest.approx(0.037273, rel=1e-4), pytest.approx(6.43893, rel=1e-4))
+    assert s["flagged"] == {} and "No run is flagged" in text
 
 
 def test_power_round0_disagreement_is_one_sentence(tmp_path):
@@ -360,6 +366,23 @@ def test_time_ratio_where_a_target_is_met_before_training():
     assert stats.time_ratio(math.inf, 60.0) == math.inf
 
 
+def t2_two_sided(t: float) -> float:
+    """Closed form for 2 degrees of freedom: P(|T| > t) = 1 − t/√(2 + t²)."""
+    return 1 - abs(t) / math.sqrt(2 + t * t)
+
+
+def test_one_sided_p_and_holm_by_hand():
+    # df 2: P(T >= 2) = (1 − 2/√6) / 2 = 0.0917517; P(T >= −2) = 1 − that
+    assert stats.t_one_sided_p(2.0, 2) == pytest.approx(0.0917517, abs=1e-7)
+    assert stats.t_one_sided_p(-2.0, 2) == pytest.approx(1 - 0.0917517, abs=1e-7)
+    # Holm: sorted 0.01 (x3 = 0.03), 0.03 (x2 = 0.06), 0.04 (x1 = 0.04, raised to 0.06 to stay ordered)
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06], abs=1e-12)
+    assert stats.holm([0.5, 0.6]) == [1.0, 1.0] and stats.holm([0.02]) == [0.02] and stats.holm([]) == []
+    # TOST with no spread: equivalent exactly when |mean| < margin
+    assert stats.tost_p([0.01, 0.01], 0.05) == 0.0 and stats.tost_p([0.06, 0.06], 0.05) == 1.0
+    assert stats.paired_t_p([0.0, 0.0]) == 1.0 and stats.paired_t_p([0.1, 0.1]) == 0.0
+
+
 def test_versus_paired_by_seed_by_hand(tmp_path):
     sweep = tmp_path / "multirun"
     accuracy = {  # configuration -> seed -> accuracy
@@ -368,6 +391,7 @@ def test_versus_paired_by_seed_by_hand(tmp_path):
         "algorithm=c": {0: 0.7, 1: 0.85, 2: 1.0},
         "algorithm=d": {0: 0.1, 1: 0.3, 2: 0.4},
         "algorithm=e": {0: 0.9},
+        "algorithm=f": {0: 0.51, 1: 0.59, 2: 0.7},
     }
     for config, by_seed in accuracy.items():
         for seed, acc in by_seed.items():
@@ -384,11 +408,11 @@ def test_versus_paired_by_seed_by_hand(tmp_path):
     out = tmp_path / "out"
     text = stats.main([str(sweep), "--out", str(out), "--versus", "algorithm=rapid"])
     rows = {r["config"]: r for r in csv.DictReader((out / "versus.csv").open())}
-    assert set(rows) == {"algorithm=b", "algorithm=c", "algorithm=d", "algorithm=e"}
+    assert set(rows) == {"algorithm=b", "algorithm=c", "algorithm=d", "algorithm=e", "algorithm=f"}
     b = rows["algorithm=b"]
     # d = (0.1, 0.2, 0.1): mean 0.13333, sd 0.057735, t95(2) = 4.303 -> half-width 4.303 · 0.057735 / √3
-    # = 0.143433: [−0.01010, 0.27677] holds 0 -> a tie; the bootstrap's resampled means run from 0.1 (all
-    # three draws 0.1: P = 8/27) to 0.2 (P = 1/27 > 0.025) -> [0.1, 0.2], which alone would call it for b
+    # = 0.143433: [−0.01010, 0.27677] holds 0; the bootstrap's resampled means run from 0.1 (all three
+    # draws 0.1: P = 8/27) to 0.2 (P = 1/27 > 0.025) -> [0.1, 0.2], which alone would call it for b
     assert b["seeds"] == "0 1 2" and int(b["n"]) == 3
     assert float(b["diff_mean"]) == pytest.approx(0.133333, abs=1e-6)
     assert (float(b["t_low"]), float(b["t_high"])) == (
@@ -396,18 +420,92 @@ def test_versus_paired_by_seed_by_hand(tmp_path):
         pytest.approx(0.276767, abs=1e-5),
     )
     assert (float(b["boot_low"]), float(b["boot_high"])) == (pytest.approx(0.1), pytest.approx(0.2))
-    assert (int(b["config_ahead"]), int(b["reference_ahead"]), b["verdict"]) == (3, 0, "tie")
-    # d = (0.2, 0.25, 0.3): sd 0.05, half-width 4.303 · 0.05 / √3 = 0.124217 -> [0.125783, 0.374217]
-    c = rows["algorithm=c"]
-    assert (float(c["t_low"]), float(c["t_high"])) == (
-        pytest.approx(0.125783, abs=1e-5),
-        pytest.approx(0.374217, abs=1e-5),
+    assert (int(b["config_ahead"]), int(b["reference_ahead"])) == (3, 0)
+    # paired t tests, df 2 (P(|T| > t) = 1 − t/√(2 + t²)), se = sd / √3:
+    #   b: t = 0.13333 / 0.033333 = 4        p = 1 − 4/√18 = 0.057191
+    #   c: d = (0.2, 0.25, 0.3), t = 0.25 / 0.028868 = 8.660254   p = 1 − 8.660254/√77 = 0.013072
+    #   d: d = (−0.4, −0.3, −0.3), t = −10   p = 1 − 10/√102 = 0.009852
+    #   f: d = (0.01, −0.01, 0), t = 0       p = 1
+    # Holm over the 4 with 2 seeds or more (e has one): d 0.009852 x 4 = 0.039408; c 0.013072 x 3 = 0.039216,
+    # raised to 0.039408; b 0.057191 x 2 = 0.114382; f 1 x 1 = 1. Alone, b's p = 0.057 and c's, d's < 0.05.
+    want = {"b": (0.057191, 0.114382), "c": (0.013072, 0.039408), "d": (0.009852, 0.039408), "f": (1.0, 1.0)}
+    for name, (p, p_holm) in want.items():
+        r = rows[f"algorithm={name}"]
+        assert (float(r["p"]), float(r["p_holm"])) == (pytest.approx(p, abs=2e-6), pytest.approx(p_holm, abs=2e-6))
+    assert float(b["p"]) == pytest.approx(t2_two_sided(4.0), abs=1e-9)
+    # TOST, margin 0.05: f: mean 0, se 0.0057735, t = ±0.05 / 0.0057735 = ±8.660254 -> each one-sided p =
+    # 0.013072 / 2 = 0.006536 -> p_equiv 0.006536, x 4 (the smallest of the family) = 0.026144: equivalent.
+    # b: t = (0.13333 − 0.05) / 0.033333 = 2.5 -> P(T <= 2.5) = 1 − (1 − 2.5/√8.25) / 2 = 0.935194 (its
+    # mean lies outside the margin): not equivalent, and not different after Holm: undecided.
+    f = rows["algorithm=f"]
+    assert (float(f["p_equiv"]), float(f["p_equiv_holm"])) == (
+        pytest.approx(0.006536, abs=2e-6),
+        pytest.approx(0.026144, abs=2e-6),
     )
-    assert c["verdict"] == "algorithm=c better"
-    # d = (−0.4, −0.3, −0.3): mean −0.33333, sd 0.057735 -> [−0.476767, −0.189900]: the reference is better
-    d = rows["algorithm=d"]
-    assert float(d["t_high"]) == pytest.approx(-0.189900, abs=1e-5) and d["verdict"] == "algorithm=rapid better"
-    assert rows["algorithm=e"]["verdict"] == "one seed: no interval"
-    assert "| algorithm=c | 0 1 2 | +0.250 | [0.200, 0.300] | [0.126, 0.374] | 3 / 0 | algorithm=c better |" in text
+    assert float(b["p_equiv"]) == pytest.approx(0.935194, abs=2e-6) and float(b["p_equiv_holm"]) == 1.0
+    verdicts = {name: rows[f"algorithm={name}"]["verdict"] for name in "bcdef"}
+    assert verdicts == {
+        "b": "undecided",
+        "c": "algorithm=c better",
+        "d": "algorithm=rapid better",
+        "e": "one seed: no test",
+        "f": "equivalent (±0.05)",
+    }
+    assert (
+        "| algorithm=c | 0 1 2 | +0.250 | [0.200, 0.300] | [0.126, 0.374] | 3 / 0 | 0.013 (0.039) | 0.990 (1.000) "
+        "| algorithm=c better |" in text
+    )
+    # margin 0.1: b's mean 0.133 still lies outside it (undecided); f stays equivalent
+    stats.main([str(sweep), "--out", str(out), "--versus", "algorithm=rapid", "--margin", "0.1"])
+    rows = {r["config"]: r for r in csv.DictReader((out / "versus.csv").open())}
+    assert rows["algorithm=b"]["verdict"] == "undecided" and rows["algorithm=f"]["verdict"] == "equivalent (±0.1)"
     with pytest.raises(SystemExit, match="no run of that configuration"):
         stats.main([str(sweep), "--versus", "algorithm=nope"])
+
+
+def test_log_ratio_interval_by_hand():
+    """Ratios 0.5, 0.25, 1: logs −ln 2, −2 ln 2, 0; mean −ln 2 (geometric mean 0.5), sd ln 2, t95(2) = 4.303:
+    half-width 4.303 · ln 2 / √3 = 1.722012 -> [0.5 e^−1.722012, 0.5 e^1.722012] = [0.089353, 2.797888]."""
+    ratio, (lo, hi) = stats.log_ratio_interval(np.log([0.5, 0.25, 1.0]))
+    assert ratio == pytest.approx(0.5, abs=1e-12)
+    assert (lo, hi) == (pytest.approx(0.089353, rel=1e-5), pytest.approx(2.797888, rel=1e-5))
+    assert stats.log_ratio_interval([math.log(0.3)])[0] == pytest.approx(0.3)
+    assert math.isnan(stats.log_ratio_interval([math.log(0.3)])[1][0]) and math.isnan(stats.log_ratio_interval([])[0])
+
+
+def _busy_run(root: Path, name: str, h: int, gen_s: float, tokens: float, calibration=None, load=None):
+    run = root / "runs" / name
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(
+        yaml.safe_dump({"seed": int(name[-1]), "algorithm": {"name": "rapid", "H": h, "n_step": 32, "n_group": 8}})
+    )
+    meta = {"cpu": "Test CPU, 2 cores, vector extensions: avx2"}
+    if calibration is not None:
+        meta["calibration"] = {"matmul_s": calibration, "python_s": 0.03, "loadavg_1m": load}
+    (run / "meta.json").write_text(json.dumps(meta))
+    row = {"round": 1, "samples": 4, "time/round_s": 2 * gen_s, "time/generate_s": gen_s}
+    row["sampler/tokens_per_s"] = tokens / gen_s
+    (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    (run / "summary.json").write_text(json.dumps({"eval/accuracy_after": 0.5}))
+    return run
+
+
+def test_busy_flags_by_hand(tmp_path):
+    """Generation per 1,000 tokens, H = 8 runs: 10, 11, 12, 16 s (median 11.5; 16 / 11.5 = 1.39 > 1.3:
+    flagged), and 14.9 (1.2957 after the median moves to 12: not). H = 1 runs, alike among themselves: 30,
+    31 (2 runs: no median to compare with). Calibration 25, 26, 40 ms (median 26, 40 / 26 = 1.54: flagged);
+    load average 3.1 on 2 cores: flagged."""
+    _busy_run(tmp_path, "a_s0", 8, 10.0, 1000, calibration=0.025, load=0.5)
+    _busy_run(tmp_path, "a_s1", 8, 11.0, 1000, calibration=0.026, load=3.1)
+    _busy_run(tmp_path, "a_s2", 8, 12.0, 1000, calibration=0.040, load=0.9)
+    _busy_run(tmp_path, "a_s3", 8, 32.0, 2000)
+    _busy_run(tmp_path, "a_s4", 8, 14.9, 1000)
+    _busy_run(tmp_path, "b_s0", 1, 30.0, 1000)
+    _busy_run(tmp_path, "b_s1", 1, 31.0, 1000)
+    runs = [stats.read_run(r) for r in stats.find_runs([tmp_path / "runs"])]
+    assert {Path(r["run"]).name: r["gen_s_per_ktok"] for r in runs}["a_s3"] == pytest.approx(16.0)
+    flags = {Path(k).name: v for k, v in stats.busy_flags(runs).items()}
+    assert set(flags) == {"a_s1", "a_s2", "a_s3"}
+    assert flags["a_s3"] == "generation 16.0 s per 1k tokens, 1.33x the median 12.0 of 5 runs alike"
+    assert flags["a_s2"] == "calibration 40 ms, 1.54x the median"
+    assert flags["a_s1"] == "load average 3.1 on 2 cores"

@@ -40,6 +40,19 @@ SUMMARY_KEYS = (
 )
 
 
+SHAPED_TRL = """\
+import runpy, sys
+import rapid.tasks.arithmetic as arithmetic
+
+def contains_digit(completion, record):
+    return float(any(ch.isdigit() for ch in completion))
+
+arithmetic.reward = contains_digit  # rapid.rewards.score calls task.reward through the module
+sys.argv = [{tool!r}, *sys.argv[1:]]
+runpy.run_path({tool!r}, run_name="__main__")
+"""
+
+
 def load_tool():
     spec = importlib.util.spec_from_file_location("trl_grpo", TOOL_PATH)
     module = importlib.util.module_from_spec(spec)
@@ -76,9 +89,11 @@ def test_prompt_ids_that_do_not_round_trip_are_refused():
 def test_smoke_run_through_trl_writes_summary_metrics_and_times(tmp_path):
     pytest.importorskip("trl")
     out = tmp_path / "trl"
-    args = ["+experiment=smoke", "algorithm=grpo", "sampler=hf", "device=cpu", "rounds=2"]
+    args = ["+experiment=smoke", "algorithm=grpo", "sampler=hf", "device=cpu", "rounds=2", "reward.self_test=0"]
+    launcher = tmp_path / "shaped_trl.py"  # the digit reward of tests/test_train.py: the random model earns some
+    launcher.write_text(SHAPED_TRL.format(tool=str(TOOL_PATH)))
     proc = subprocess.run(
-        [sys.executable, str(TOOL_PATH), "--out", str(out), *args],
+        [sys.executable, str(launcher), "--out", str(out), *args],
         cwd=REPO,
         env=env_for(tmp_path),
         text=True,
@@ -118,10 +133,14 @@ def test_smoke_run_through_trl_writes_summary_metrics_and_times(tmp_path):
     for r in rows:
         # cosine decay of lr 2e-5 over 4 steps; a row reports the lr its step used (rapid's lr_lambda)
         assert r["learning_rate"] == pytest.approx(2e-5 * 0.5 * (1 + math.cos(math.pi * (r["step"] - 1) / 4)))
-        # The random model earns no reward, so every advantage is 0; the reference model is the initial
-        # policy, so its KL is 0 (a mismatched reference would show here) and no step moves the weights.
-        assert r["kl"] == 0.0 and r["grad_norm"] == 0.0 and r.get("reward", 0.0) == 0.0
         assert r.get("completions/max_length", 8) <= 8
+    # The digit reward gives some groups mixed rewards, so steps move the weights. The reference model is
+    # the initial policy: the KL is exactly 0 on the first step (a mismatched reference would show here) and
+    # above 0 on every step after the weights first moved (a reference that followed the policy would not).
+    assert any(r.get("reward", 0.0) > 0 for r in rows)
+    assert rows[0]["kl"] == 0.0
+    first = next(i for i, r in enumerate(rows) if r["grad_norm"] > 0)
+    assert first + 1 < len(rows) and all(r["kl"] > 0 for r in rows[first + 1 :]), rows
 
     # TRL counts prompt + completion tokens: each round's prompt tokens are those of rapid's prompts for
     # that round (n_inference / n_group = 4 of them, n_group = 4 completions each), in rapid's order

@@ -59,6 +59,85 @@ from tools.stats import bootstrap_accuracy, wilson_interval  # noqa: E402
 
 PHASES = ("generate", "reward", "recompute", "train", "sync", "other")
 
+# Dense bf16 tensor-core peak per GPU (FLOP/s, the vendors' datasheets, without sparsity), matched in this
+# order against torch.cuda.get_device_name(): the more specific names first.
+PEAK_BF16_FLOPS = (
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("GH200", 989e12),
+    ("H200", 989e12),
+    ("H100", 989e12),  # SXM ("NVIDIA H100 80GB HBM3")
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("A10G", 70e12),
+    ("L4", 121e12),
+)
+
+
+def peak_bf16_flops(device_name: str | None) -> float | None:
+    """The card's dense bf16 peak by its name (None: a CPU, or a card not in PEAK_BF16_FLOPS)."""
+    for key, flops in PEAK_BF16_FLOPS if device_name else ():
+        if key in device_name:
+            return flops
+    return None
+
+
+def mfu(parameters: int, tokens: float, passes: int, seconds: float, peak: float | None) -> float | None:
+    """Model FLOP utilisation: `passes` x 2 N FLOPs per token (a forward is 2 N, forward + backward 6 N,
+    so passes = 3 for training and 1 for a no-grad forward; attention's own FLOPs left out) over
+    `seconds` at the card's peak."""
+    if peak is None or seconds <= 0:
+        return None
+    return passes * 2 * parameters * tokens / seconds / peak
+
+
+def round_mfu(rows: list[dict], parameters: int, peak: float | None, num_iterations: int = 1) -> list[dict]:
+    """Per training round of a run's metrics.jsonl: the tokens the H steps ran forward and backward (every
+    record's prompt + completion, `num_iterations` passes, times the share of records trained) and the
+    tokens the log μ recompute ran forward (every record once), with each phase's MFU."""
+    from rapid.logger import current_names  # rows written under either names
+
+    out, before = [], 0
+    for r in map(current_names, rows):
+        if "time/train_s" not in r or "progress/samples" not in r:
+            continue
+        records, before = r["progress/samples"] - before, r["progress/samples"]
+        per_record = r.get("train/prompt_len", 0.0) + r["train/completion_len"]
+        trained = records * per_record * r.get("train/trained_frac", 1.0) * num_iterations
+        recompute = records * per_record if r.get("time/recompute_s", 0) > 0 else 0.0
+        out.append(
+            {
+                "round": r["progress/round"],
+                "train_tokens": trained,
+                "train_s": r["time/train_s"],
+                "train_mfu": mfu(parameters, trained, 3, r["time/train_s"], peak),
+                "recompute_tokens": recompute,
+                "recompute_s": r.get("time/recompute_s", 0.0),
+                "recompute_mfu": mfu(parameters, recompute, 1, r.get("time/recompute_s", 0.0), peak),
+            }
+        )
+    return out
+
+
+THROUGHPUT_OVERRIDES = ["model=qwen2.5_0.5b_random", "sampler.ignore_eos=true", "train.skip_zero_advantage=false"]
+
+
+def throughput_overrides(overrides: list[str]) -> list[str]:
+    """THROUGHPUT_OVERRIDES, then the user's (a model= of the user's replaces the random Qwen2.5-0.5B)."""
+    own_model = any(o.startswith("model=") for o in overrides)
+    return [o for o in THROUGHPUT_OVERRIDES if not (own_model and o.startswith("model="))] + overrides
+
+
+def check_trained_everything(row: dict) -> None:
+    """--throughput-only: every generated group must have been trained on (train/trained_frac 1)."""
+    frac = row.get("trained_frac")
+    if frac is not None and frac < 1.0:
+        raise SystemExit(
+            f"{row['method']} trained on {100 * frac:.1f}% of its records in a --throughput-only run, whose times "
+            "then measure less than the method's work: keep train.skip_zero_advantage=false"
+        )
+
 
 def fixed_h(hs: list) -> list[int]:
     """The fixed H among --h (without auto)."""
@@ -210,6 +289,17 @@ def run_facts(run_dir: Path, summary: dict) -> dict:
         trained = [r["train/trained_frac"] for r in rows if "train/trained_frac" in r]
         if trained:  # the share of records run through forward and backward (train.skip_zero_advantage)
             facts["trained_frac"] = sum(trained) / len(trained)
+        meta = json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").exists() else {}
+        if meta.get("parameters"):
+            from omegaconf import OmegaConf
+
+            config = run_dir / "config.yaml"
+            iterations = OmegaConf.load(config).algorithm.get("num_iterations", 1) if config.exists() else 1
+            per_round = round_mfu(rows, meta["parameters"], peak_bf16_flops(meta.get("gpu")), iterations)
+            facts["mfu_rounds"] = per_round
+            for key in ("train_mfu", "recompute_mfu"):
+                values = [x[key] for x in per_round if x[key] is not None]
+                facts[key] = statistics.median(values) if values else None
         evals = [r for r in rows if "eval/n" in r]
         if evals and facts["eval_n"] is None:
             facts["eval_n"] = evals[-1]["eval/n"]
@@ -574,6 +664,22 @@ def report(rows: list[dict], meta: dict, out: Path, cm: dict | None = None) -> s
             + f" | {fmt(m['accuracy_after'], '.3f')} | {interval(m)} | {fmt(m['vs_pg'], '.2f')} | "
             f"{fmt(m['vs_trl'], '.2f')} | {fmt(m.get('peak_rss_mib'), '.0f')} |"
         )
+    if any(m.get("trained_frac") is not None for m in table):
+        lines += [
+            "",
+            "Work per round (medians over rounds and seeds): *trained*, the share of generated records run "
+            "forward and backward (train/trained_frac); *MFU*, 6 N FLOPs a trained token (2 N a recomputed one: "
+            "the log mu forward), N the model's parameters, over the phase's time at the card's dense bf16 peak "
+            "(tools/bench_rl.py PEAK_BF16_FLOPS; — on a CPU or an unknown card). Per round: mfu.csv.",
+            "",
+            "| method | trained | train MFU | recompute MFU |",
+            "|---|---:|---:|---:|",
+        ]
+        for m in table:
+            lines.append(
+                f"| {m['method']} | {fmt(m.get('trained_frac'), '.3f')} | {fmt(m.get('train_mfu'), '.3f')} | "
+                f"{fmt(m.get('recompute_mfu'), '.3f')} |"
+            )
     predicted = [m for m in table if m.get("predicted_s_per_1k") is not None]
     if predicted:
         lines += [
@@ -628,7 +734,10 @@ def report(rows: list[dict], meta: dict, out: Path, cm: dict | None = None) -> s
         lines += ["", f"Accuracy before training: {rows[0]['accuracy_before']:.3f}."]
     text = "\n".join(lines) + "\n"
     (out / "bench_rl.md").write_text(text)
-    for name, data in (("bench_rl.csv", table), ("runs.csv", rows)):
+    per_round = [{"method": r["method"], "seed": r["seed"], **x} for r in rows for x in r.get("mfu_rounds", [])]
+    for name, data in (("bench_rl.csv", table), ("runs.csv", rows), ("mfu.csv", per_round)):
+        if not data:
+            continue
         data = [{k: v for k, v in r.items() if not isinstance(v, list)} for r in data]  # per-problem outcomes stay out
         keys = list(dict.fromkeys(k for r in data for k in r))
         with (out / name).open("w", newline="") as f:
@@ -715,7 +824,9 @@ def main() -> None:
         return
     overrides = list(args.overrides)
     if args.throughput_only:
-        overrides = ["model=qwen2.5_0.5b_random", "sampler.ignore_eos=true", *overrides]
+        # random weights score 0 everywhere: with zero-advantage groups skipped nothing would train, and the
+        # ratios would say nothing of RAPID, whose gain is H updates per generation
+        overrides = throughput_overrides(overrides)
     import torch
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {os.cpu_count()} cores"
@@ -751,6 +862,8 @@ def main() -> None:
                 args.report_only,
             )
             if row is not None:
+                if args.throughput_only:
+                    check_trained_everything(row)
                 rows.append(row)
                 report(rows, meta, args.out)  # a partial table survives an interrupted benchmark
     cm, configs = None, []

@@ -1,4 +1,4 @@
-"""The vLLM engine beside the trainer, measured where it runs (the GPU issue's checks, also on CPU):
+"""The vLLM engine beside the trainer, measured where it runs (on a GPU, and on the CPU engine too):
 
 1. In-place weight sync: `--syncs` AdamW steps, each followed by `sync_weights`; after each, the engine
    samples the same prompts again and its per-token log-probs are compared with the trainer's forward

