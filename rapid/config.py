@@ -402,7 +402,7 @@ def check_schema(cfg) -> None:
 
 def check_loss_keys(cfg, given: list[str] = ()) -> None:
     """A loss setting the chosen loss does not read is refused, as rapid/estimators.py declares what each
-    loss reads (`keys`): one added to the config (`+algorithm.kl_coef=0.1` with algorithm=rapid) or, for the
+    loss reads (`keys`): one added to the config (`+algorithm.beta=0.1` with algorithm=rapid) or, for the
     settings conf/algorithm/rapid.yaml gives every algorithm, one given on the command line (`given`:
     the overrides, e.g. algorithm.eta=3 with algorithm=grpo)."""
     a = cfg.algorithm
