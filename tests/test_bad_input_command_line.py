@@ -59,7 +59,10 @@ def test_the_smoke_config_and_a_sweep_of_it_pass(tmp_path):
         ("samples=0", "samples=0 must be an integer >= 1 (or null: rounds or epochs decide)"),
         ("~optim.lr", "optim.lr is missing from the config (deleted with a ~ override"),
         ("+algorithm.beta=0.1", "algorithm.beta=0.1 is ignored by algorithm.loss=iw_grpg"),
-        ("algorithm.kl_coef=0.1", "algorithm.beta=0.1 is ignored by algorithm.loss=iw_grpg"),  # an earlier name, read as beta
+        (
+            "algorithm.kl_coef=0.1",
+            "algorithm.beta=0.1 is ignored by algorithm.loss=iw_grpg",
+        ),  # an earlier name, read as beta
         ("+algorithm.etaa=2", "unknown config key algorithm.etaa (did you mean algorithm.eta?)"),
     ],
 )
