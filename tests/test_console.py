@@ -96,12 +96,12 @@ def test_a_run_with_the_engine_prints_only_rapids_lines(tmp_path):
     run = tmp_path / "run"
     proc = launch(["+experiment=smoke", "sampler=vllm", "logger.progress=true", f"hydra.run.dir={run}"], tmp_path)
     lines = [line for line in proc.stdout.replace("\r", "\n").splitlines() if line.strip()]
-    summary = json.loads((run / "summary.json").read_text())
+    start, end = lines.index("{"), len(lines) - 1 - lines[::-1].index("}")  # the summary, as summary.json holds it
+    assert json.loads("\n".join(lines[start : end + 1])) == json.loads((run / "summary.json").read_text())
+    lines = lines[:start] + lines[end + 1 :]
     expected = lambda line: (
         line.startswith(("run directory: ", "algorithm=rapid ", "reward self-test passed", "eval @ round"))
         or "samples/s" in line  # the progress bar
-        or line in ("{", "}")
-        or any(line.startswith(f'  "{key}": ') for key in summary)
     )
     assert [line for line in lines if not expected(line)] == []
     assert sum(line.startswith("eval @ round") for line in lines) == 3  # rounds 0, 2, 3
