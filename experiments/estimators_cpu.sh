@@ -76,18 +76,20 @@ from pathlib import Path
 
 import yaml
 
+from rapid.logger import read_metrics  # today's names, whichever a run was written with
+
 runs = {}
 for d in sorted(Path(sys.argv[1]).glob("*,seed=*")):
-    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()] if (d / "metrics.jsonl").exists() else []
+    rows = read_metrics(d) if (d / "metrics.jsonl").exists() else []
     train = [r for r in rows if "time/round_s" in r]
     if not (d / "summary.json").exists() or not train:
         continue
-    frac = [r.get("iw/clip_frac", r.get("loss/trunc_frac")) for r in train]
+    frac = [r.get("iw/clip_frac", r.get("loss/clip_frac", r.get("loss/trunc_frac"))) for r in train]
     frac = [f for f in frac if f is not None]
     a = yaml.safe_load((d / "config.yaml").read_text())["algorithm"]
     steps = json.loads((d / "summary.json").read_text()).get("optimizer_steps") or len(train) * a["H"] * a["num_iterations"]
     runs.setdefault(d.name.rsplit(",seed=", 1)[0], []).append(
-        (statistics.mean(frac) if frac else float("nan"), steps, sum(r["time/round_s"] for r in train) / train[-1]["samples"])
+        (statistics.mean(frac) if frac else float("nan"), steps, sum(r["time/round_s"] for r in train) / train[-1]["progress/samples"])
     )
 print("| configuration | seeds | clip / mask / taper fraction | optimizer steps | wall s per sample |")
 print("|---|---:|---:|---:|---:|")

@@ -168,7 +168,7 @@ def groups_with_gradient(records: list[Rollout], skip: str) -> list[Rollout]:
                               R off-policy (an all-correct group has A = 1 − mean w̄), but is 0 for them
 
     Their policy-gradient term is 0, so forward and backward over them can be skipped with the
-    minibatch's gradient unchanged (not GRPO's KL term: rapid.train skips nothing when kl_coef > 0).
+    minibatch's gradient unchanged (not GRPO's KL term: rapid.train skips nothing when beta > 0).
     With no group left this is empty: the minibatch's gradient is exactly 0."""
     if skip not in ("equal_rewards", "zero_rewards"):
         raise ValueError(f"skip must be 'equal_rewards' or 'zero_rewards'; got {skip!r}")

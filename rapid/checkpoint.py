@@ -5,6 +5,12 @@
     state.pt    optimizer, scheduler, round, samples, data position, RNG states (every rank's), elapsed time, config,
                 the H=auto controller's state
 
+At the end of a run the policy is also written on its own, as the model a user takes away (`export_model`):
+
+<run_dir>/model/    config, weights and tokenizer in the dtype the model came in (a bf16 source gives a bf16
+                    checkpoint, not the fp32 master weights the checkpoints keep for an exact resume):
+                    `AutoModelForCausalLM.from_pretrained(<run_dir>/model)`, `vllm serve <run_dir>/model`
+
 A checkpoint is never written from weights that hold a NaN or an infinity (`save` raises
 `rapid.config.RunStopped` and leaves the checkpoints on disk as they were; rapid/nonfinite.py), and a
 failed write (a full disk, a quota) leaves them as they were too: the new checkpoint is written beside
@@ -24,6 +30,7 @@ name instead of position, and `load` converts between the two.
 
 from __future__ import annotations
 
+import copy
 import errno
 import shutil
 import warnings
@@ -104,6 +111,51 @@ def save(
     for stale in sorted(root.glob("round_??????"))[:-keep] if keep > 0 else []:
         shutil.rmtree(stale)
     return path
+
+
+def source_dtype(model_cfg) -> torch.dtype:
+    """The dtype the policy's weights came in, which the exported model keeps: the source checkpoint's own
+    (its config.json; the packaged GGUF is converted to bf16), fp32 where it records none; a model built
+    from `model.architecture` has no source, so its compute dtype `model.dtype`."""
+    from transformers import AutoConfig
+
+    from rapid.config import DTYPES
+    from rapid.models import converted_gguf
+
+    if model_cfg.get("architecture"):
+        return DTYPES[model_cfg.dtype]
+    source = model_cfg.get("path") or converted_gguf(**model_cfg.gguf)
+    dtype = getattr(AutoConfig.from_pretrained(source), "dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+
+
+def export_model(out: Path, model, tokenizer, dtype: torch.dtype, gathered: dict | None = None) -> Path:
+    """The trained policy as a plain Hugging Face folder `out` (config.json, model.safetensors, the
+    tokenizer) with its floating-point weights in `dtype`, for transformers' `from_pretrained` and
+    `vllm serve`; config.json records `dtype`, so that vLLM's `dtype=auto` serves it in that dtype.
+    Tied weights stay tied (one cast tensor for the shared storage). `gathered`: `gather`'s whole
+    weights of a sharded model. Written to `out`.tmp, then renamed."""
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cast: dict[tuple, torch.Tensor] = {}  # by memory: lm_head.weight is embed_tokens.weight when tied
+    state = {}
+    for name, t in (gathered["model"] if gathered else unwrap(model).state_dict()).items():
+        key = (t.device, t.data_ptr(), tuple(t.shape), t.stride())
+        if key not in cast:
+            cast[key] = t.detach().to("cpu", dtype) if t.is_floating_point() else t.detach().cpu()
+        state[name] = cast[key]
+    plain = unwrap(model)
+    plain.save_pretrained(tmp, state_dict=state)
+    config = copy.deepcopy(plain.config)
+    config.dtype = dtype  # save_pretrained records the fp32 master weights' dtype
+    config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
 
 
 def save_failed_message(run_dir: Path, round_: int, error: Exception) -> str:

@@ -402,7 +402,7 @@ def check_schema(cfg) -> None:
 
 def check_loss_keys(cfg, given: list[str] = ()) -> None:
     """A loss setting the chosen loss does not read is refused, as rapid/estimators.py declares what each
-    loss reads (`keys`): one added to the config (`+algorithm.kl_coef=0.1` with algorithm=rapid) or, for the
+    loss reads (`keys`): one added to the config (`+algorithm.beta=0.1` with algorithm=rapid) or, for the
     settings conf/algorithm/rapid.yaml gives every algorithm, one given on the command line (`given`:
     the overrides, e.g. algorithm.eta=3 with algorithm=grpo)."""
     a = cfg.algorithm
@@ -437,7 +437,8 @@ def validate(cfg: DictConfig, world: int) -> None:
                 "staleness; algorithm.behavior_logprobs=recompute (or auto) avoids it",
                 stacklevel=2,
             )
-    group_relative = a.loss in estimators.REGISTRY and not (a.loss == "topr" and a.baseline != "group_mean")
+    est = estimators.REGISTRY.get(a.loss)  # what the loss declares (rapid/estimators.py)
+    group_relative = est is not None and est.fn is not None and est.group_relative(a)
     if a.n_group == 1 and group_relative:
         warnings.warn(
             f"algorithm.n_group=1 gives every prompt a group of one completion, whose group advantage is always 0 "
@@ -528,9 +529,9 @@ def validate(cfg: DictConfig, world: int) -> None:
         h = a.get("auto_h")
         checks += [
             (
-                a.loss == "iw_grpg",
-                f"algorithm.H=auto needs algorithm.loss=iw_grpg (it reads the IW-GRPG importance "
-                f"weights), not {a.loss}",
+                est is not None and est.iw,
+                f"algorithm.H=auto reads the loss's importance weights, which algorithm.loss={a.loss} does not "
+                f"report: use algorithm.loss={' or '.join(n for n in estimators.names() if estimators.get(n).iw)}",
             ),
             (
                 a.get("num_iterations", 1) == 1 and not a.get("dynamic_sampling", False),
@@ -639,6 +640,7 @@ def with_current_defaults(saved) -> DictConfig:
     top.pop("defaults", None)
     defaults = OmegaConf.merge(base, {"algorithm": OmegaConf.load(CONF / "algorithm" / "rapid.yaml")}, top)
     cfg = OmegaConf.merge(defaults, saved)
+    estimators.upgrade_settings(cfg.algorithm)  # earlier names of loss settings, as today's
     model = cfg.get("model")
     if model is not None and model.get("gguf") and model.get("path") == PACKAGED_MODEL_HUB_ID:
         # written when a packaged GGUF took precedence over model.path: the run loaded the GGUF

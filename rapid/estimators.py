@@ -5,12 +5,20 @@ A loss is a pure function ``fn(x: LossInputs, a: Mapping) -> (loss [], stats {na
 holds the minibatch's tensors and normalisers, ``a`` the algorithm's settings (the `algorithm.*`
 config, or a plain dict in tests; a loss reads only the keys it declares). It is registered with
 
-    @register("name", level="token" | "sequence", keys=(...), reference=..., skip=..., check=...)
+    @register("name", level="token" | "sequence", keys=(...), reference=..., skip=..., check=...,
+              iw=..., group_relative=...)
 
-declaring what rapid.train must give it: a frozen reference model (``reference``: bool or a
-function of ``a``), and which zero-gradient groups `train.skip_zero_advantage` may leave out
-(``skip``: "equal_rewards", "zero_rewards" or None, or a function of ``a`` returning one; see
-``rapid.buffer.groups_with_gradient``). ``check(a)`` returns one sentence when a setting is wrong.
+declaring what rapid.train must give it and what it gives back: a frozen reference model
+(``reference``: bool or a function of ``a``); which zero-gradient groups `train.skip_zero_advantage`
+may leave out (``skip``: "equal_rewards", "zero_rewards" or None, or a function of ``a`` returning one;
+see ``rapid.buffer.groups_with_gradient``); ``check(a)``, one sentence when a setting is wrong;
+``iw``, whether its statistics describe truncated sequence importance weights w̄ (``clip_frac`` the
+fraction with w > η, ``staleness``, and the moments ``w_bar_mean`` / ``w_bar_sq_mean``, from which
+rapid.train takes each step's effective sample size, which `algorithm.H=auto` reads; logged under
+`iw/`); ``group_relative(a)``, whether a completion's advantage is relative to its group's (a group of
+one then learns nothing). Adding a loss touches its function here, its conf/algorithm/<name>.yaml and
+its test, nothing else. A baseline that is a program of its own rather than a loss in this loop (SFT:
+distil, then fine-tune) is registered with ``register_program(name, "module:function")``.
 
 Micro-batching contract (the one of rapid.losses and rapid.iw_grpg): ``x.n_records`` and
 ``x.n_tokens`` are the whole minibatch's record and completion-token counts; a micro-batch of whole
@@ -51,6 +59,9 @@ __all__ = [
     "Peers",
     "Estimator",
     "register",
+    "register_program",
+    "program",
+    "upgrade_settings",
     "get",
     "names",
     "compute",
@@ -105,6 +116,9 @@ class Estimator:
     reference: Flag  # a -> whether a frozen reference model's log-probs are needed
     skip: Flag  # a -> "equal_rewards" | "zero_rewards" | None
     check: Flag  # a -> None, or one sentence saying what is wrong
+    iw: bool = False  # stats describe the truncated sequence weights w̄ (clip_frac, staleness, w_bar_*): ESS, H=auto
+    group_relative: Flag = lambda a: True  # a -> whether the advantage is relative to the group's
+    program: str | None = None  # "module:function(cfg, run_dir)" run instead of the RL loop (fn is then None)
 
 
 REGISTRY: dict[str, Estimator] = {}
@@ -123,6 +137,8 @@ def register(
     reference: bool | Flag = False,
     skip: str | None | Flag = "equal_rewards",
     check: Flag | None = None,
+    iw: bool = False,
+    group_relative: bool | Flag = True,
 ) -> Callable[[LossFn], LossFn]:
     """Decorator: register ``fn`` as `algorithm.loss=name` (module docstring)."""
     if level not in ("token", "sequence"):
@@ -134,21 +150,55 @@ def register(
         if name in REGISTRY:
             raise ValueError(f"a loss named {name!r} is already registered ({REGISTRY[name].fn.__qualname__}).")
         REGISTRY[name] = Estimator(
-            name, fn, level, tuple(keys), _as_flag(reference), _as_flag(skip), check or (lambda a: None)
+            name,
+            fn,
+            level,
+            tuple(keys),
+            _as_flag(reference),
+            _as_flag(skip),
+            check or (lambda a: None),
+            iw,
+            _as_flag(group_relative),
         )
         return fn
 
     return decorate
 
 
+def register_program(name: str, program: str) -> None:
+    """Register `algorithm.loss=name` as a baseline that is a program of its own, `program` = "module:function",
+    called as function(cfg, run_dir) -> summary instead of rapid.train's loop (imported only when run)."""
+    if name in REGISTRY:
+        raise ValueError(f"a loss named {name!r} is already registered.")
+    REGISTRY[name] = Estimator(
+        name, None, "sequence", (), _as_flag(False), _as_flag(None), lambda a: None, program=program
+    )
+
+
+def program(name: str) -> Callable | None:
+    """The function that runs `algorithm.loss=name` when it is a program of its own (`register_program`), else None."""
+    est = REGISTRY.get(name)
+    if est is None or est.program is None:
+        return None
+    import importlib
+
+    module, _, function = est.program.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def names() -> list[str]:
-    return sorted(REGISTRY)
+    """The registered losses (not the baselines registered as programs of their own)."""
+    return sorted(name for name, est in REGISTRY.items() if est.fn is not None)
 
 
 def get(name: str) -> Estimator:
     """The registered loss ``name``; an unknown name raises KeyError with one sentence naming the known ones."""
     if name not in REGISTRY:
-        raise KeyError(f"algorithm.loss={name} is not a registered loss: use one of {', '.join(names())}")
+        programs = sorted(n for n, est in REGISTRY.items() if est.program)
+        raise KeyError(
+            f"algorithm.loss={name} is not a registered loss: use one of {', '.join(names())}"
+            + (f" (or {', '.join(programs)}, a baseline run as a program of its own)" if programs else "")
+        )
     return REGISTRY[name]
 
 
@@ -157,7 +207,7 @@ def problem(a: Mapping[str, Any]) -> str | None:
     try:
         est = get(a["loss"])
     except KeyError as e:
-        return e.args[0] + " (or sft, the distillation baseline)"
+        return e.args[0]
     missing = [k for k in est.keys if k not in a]
     if missing:
         return (
@@ -165,6 +215,34 @@ def problem(a: Mapping[str, Any]) -> str | None:
             f"start from conf/algorithm/{est.name}.yaml (algorithm={est.name})"
         )
     return est.check(a)
+
+
+# Earlier names of loss settings -> today's (one name per knob: the papers' ε_low / ε_high, TRL's β).
+DEPRECATED = {
+    "clip_eps": ("eps_low", "eps_high"),
+    "clip_low": ("eps_low",),
+    "clip_high": ("eps_high",),
+    "kl_coef": ("beta",),
+}
+
+
+def upgrade_settings(a) -> list[str]:
+    """Read the earlier names of `DEPRECATED` in the `algorithm.*` settings ``a`` (a DictConfig or dict, changed in
+    place) as today's: a set one is copied to its new names (where it wins over their defaults) and set back to
+    null (conf/algorithm/rapid.yaml keeps them, null). Returns one notice per earlier name that was set."""
+    notices = []
+    for old, new in DEPRECATED.items():
+        value = a.get(old)
+        if value is None:
+            continue
+        a[old] = None
+        for key in new:
+            a[key] = value
+        notices.append(
+            f"algorithm.{old} is an earlier name: read as {' '.join(f'algorithm.{k}={value}' for k in new)} "
+            "(set those instead)"
+        )
+    return notices
 
 
 def compute(name: str, x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
@@ -236,8 +314,8 @@ def gspo_loss(
     logp_old: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
     normalizer: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """GSPO (arXiv 2507.18071, Eq. 5-7): PPO clipping of the length-normalised sequence ratio.
@@ -245,12 +323,12 @@ def gspo_loss(
     logp, logp_old, mask [B, T], advantages [B] -> loss [], stats. With
     s_n = exp((1/T_n) Σ_t (logp_nt − logp_old_nt)) (the geometric mean of the token ratios),
 
-        loss = −(1/normalizer) Σ_n min(s_n A_n, clip(s_n, 1 − clip_low, 1 + clip_high) A_n),
+        loss = −(1/normalizer) Σ_n min(s_n A_n, clip(s_n, 1 − eps_low, 1 + eps_high) A_n),
 
     ``normalizer`` the records of the whole minibatch (default: this call's B). Unclipped,
     ∂loss/∂logp_nt = −s_n A_n / (T_n · normalizer); a clipped sequence has no gradient. stats
     (means over this call's records): ``clip_frac`` (clip active), ``clip_frac_low`` (A < 0,
-    s < 1 − clip_low), ``clip_frac_high`` (A > 0, s > 1 + clip_high), ``ratio_mean`` (mean s),
+    s < 1 − eps_low), ``clip_frac_high`` (A > 0, s > 1 + eps_high), ``ratio_mean`` (mean s),
     ``log_ratio_abs_mean`` (mean |log s|).
     """
     dtype = _dtype(logp)
@@ -260,12 +338,12 @@ def gspo_loss(
     log_s = ((lp - lp_old).sum(-1) / lengths).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX)  # [B]
     s = log_s.exp()
     adv = advantages.detach().to(dtype)
-    obj = torch.minimum(s * adv, s.clamp(1.0 - clip_low, 1.0 + clip_high) * adv)  # [B]
+    obj = torch.minimum(s * adv, s.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)  # [B]
     b = float(logp.shape[0]) if normalizer is None else float(normalizer)
     loss = -obj.sum() / b
     sd = s.detach()
-    low = ((adv < 0) & (sd < 1.0 - clip_low)).to(dtype).mean()
-    high = ((adv > 0) & (sd > 1.0 + clip_high)).to(dtype).mean()
+    low = ((adv < 0) & (sd < 1.0 - eps_low)).to(dtype).mean()
+    high = ((adv > 0) & (sd > 1.0 + eps_high)).to(dtype).mean()
     values = torch.stack([low + high, low, high, sd.mean(), log_s.detach().abs().mean()]).tolist()
     return loss, dict(zip(("clip_frac", "clip_frac_low", "clip_frac_high", "ratio_mean", "log_ratio_abs_mean"), values))
 
@@ -403,6 +481,7 @@ def _advantages(x: LossInputs, fn: Callable[[Tensor, Tensor], Tensor]) -> Tensor
     keys=("eta", "leave_one_out", "iw_baseline", "iw_gradient"),
     # Eq. 4's baseline is 0 only for all-zero groups (an all-correct group has A = 1 − mean w̄)
     skip=lambda a: "zero_rewards" if a["iw_baseline"] else "equal_rewards",
+    iw=True,
 )
 def iw_grpg(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
     """RAPID (and PG at H = 1): IW-GRPG, Eq. 3-5 (rapid/iw_grpg.py)."""
@@ -430,6 +509,7 @@ def iw_grpg(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, floa
     level="sequence",
     keys=("eta", "leave_one_out"),
     skip="zero_rewards",  # the masked-IW baseline, like Eq. 4's, is 0 for an all-zero group only
+    iw=True,
     check=lambda a: (
         None
         if a["eta"] is not None and a["eta"] >= 1
@@ -449,17 +529,26 @@ def rapid_mask(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, f
 
 
 def _kl_check(a: Mapping[str, Any]) -> str | None:
-    return _positive(a, "clip_eps") or (
-        None if a["kl_coef"] >= 0 else f"algorithm.kl_coef={a['kl_coef']} must be >= 0 (0: no reference model)"
+    return _clip_check(a) or (
+        None if a["beta"] >= 0 else f"algorithm.beta={a['beta']} must be >= 0 (0: no reference model)"
+    )
+
+
+def _clip_check(a: Mapping[str, Any]) -> str | None:
+    """The ratio clip [1 − eps_low, 1 + eps_high]: both > 0, and 1 − eps_low > 0."""
+    return _positive(a, "eps_low", "eps_high") or (
+        None
+        if a["eps_low"] < 1
+        else f"algorithm.eps_low={a['eps_low']} must be < 1 (the clip is [1 − eps_low, 1 + eps_high])"
     )
 
 
 @register(
     "grpo",
     level="token",
-    keys=("clip_eps", "kl_coef", "aggregation"),
-    reference=lambda a: a["kl_coef"] > 0,
-    skip=lambda a: None if a["kl_coef"] > 0 else "equal_rewards",  # the KL term pulls on every group
+    keys=("eps_low", "eps_high", "beta", "aggregation"),
+    reference=lambda a: a["beta"] > 0,
+    skip=lambda a: None if a["beta"] > 0 else "equal_rewards",  # the KL term pulls on every group
     check=_kl_check,
 )
 def grpo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
@@ -470,15 +559,16 @@ def grpo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]
         x.logp_ref,
         _advantages(x, _losses.group_normalized_advantages),
         x.mask,
-        clip_eps=a["clip_eps"],
-        kl_coef=a["kl_coef"],
+        clip_eps=a["eps_low"],
+        clip_eps_high=a["eps_high"],
+        kl_coef=a["beta"],
         aggregation=a["aggregation"],
         max_tokens=x.max_tokens,
         normalizer=x.n_tokens if a["aggregation"] == "token_mean" else x.n_records,
     )
 
 
-@register("dapo", level="token", keys=("clip_low", "clip_high"), check=lambda a: _positive(a, "clip_low", "clip_high"))
+@register("dapo", level="token", keys=("eps_low", "eps_high"), check=_clip_check)
 def dapo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
     """DAPO: rapid.losses.dapo_loss on std-normalised group advantages."""
     return _losses.dapo_loss(
@@ -486,8 +576,8 @@ def dapo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]
         x.logp_old,
         _advantages(x, _losses.group_normalized_advantages),
         x.mask,
-        clip_low=a["clip_low"],
-        clip_high=a["clip_high"],
+        clip_low=a["eps_low"],
+        clip_high=a["eps_high"],
         normalizer=x.n_tokens,
     )
 
@@ -495,9 +585,9 @@ def dapo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]
 @register(
     "dr_grpo",
     level="token",
-    keys=("clip_eps", "kl_coef"),
-    reference=lambda a: a["kl_coef"] > 0,
-    skip=lambda a: None if a["kl_coef"] > 0 else "equal_rewards",
+    keys=("eps_low", "eps_high", "beta"),
+    reference=lambda a: a["beta"] > 0,
+    skip=lambda a: None if a["beta"] > 0 else "equal_rewards",
     check=_kl_check,
 )
 def dr_grpo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
@@ -509,8 +599,9 @@ def dr_grpo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, floa
         x.logp_ref,
         _advantages(x, lambda r, g: _losses.group_normalized_advantages(r, g, scale=None)),
         x.mask,
-        clip_eps=a["clip_eps"],
-        kl_coef=a["kl_coef"],
+        clip_eps=a["eps_low"],
+        clip_eps_high=a["eps_high"],
+        kl_coef=a["beta"],
         aggregation="constant",
         max_tokens=x.max_tokens,
         normalizer=x.n_records,
@@ -538,15 +629,8 @@ def cispo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]
 @register(
     "gspo",
     level="sequence",
-    keys=("clip_low", "clip_high"),
-    check=lambda a: (
-        _positive(a, "clip_low", "clip_high")
-        or (
-            None
-            if a["clip_low"] < 1
-            else f"algorithm.clip_low={a['clip_low']} must be < 1 (the clip is [1 − clip_low, 1 + clip_high])"
-        )
-    ),
+    keys=("eps_low", "eps_high"),
+    check=_clip_check,
 )
 def gspo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
     return gspo_loss(
@@ -554,8 +638,8 @@ def gspo(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]
         x.logp_old,
         _advantages(x, _losses.group_normalized_advantages),
         x.mask,
-        clip_low=a["clip_low"],
-        clip_high=a["clip_high"],
+        eps_low=a["eps_low"],
+        eps_high=a["eps_high"],
         normalizer=x.n_records,
     )
 
@@ -583,8 +667,12 @@ def _topr_check(a: Mapping[str, Any]) -> str | None:
     # a constant baseline gives every group a non-zero advantage; the group mean zeroes equal-reward groups
     skip=lambda a: "equal_rewards" if a["baseline"] == "group_mean" else None,
     check=_topr_check,
+    group_relative=lambda a: a["baseline"] == "group_mean",  # a constant c: A = R - c learns from a group of one
 )
 def topr(x: LossInputs, a: Mapping[str, Any]) -> tuple[Tensor, dict[str, float]]:
     return topr_loss(
         *_seq(x), _advantages(x, lambda r, g: topr_advantages(r, g, a["baseline"])), normalizer=x.n_records
     )
+
+
+register_program("sft", "rapid.sft:distill_and_sft")  # the paper's SFT baseline: rapid.distill, then rapid.sft

@@ -1,6 +1,13 @@
 """Metrics: one JSON object per line in <run_dir>/metrics.jsonl, and wandb when asked for.
 
-Keys are namespaced (`train/`, `iw/`, `eval/`, `time/`, `sampler/`) with units in the name.
+Keys are namespaced (`progress/`, `train/`, `iw/`, `loss/`, `eval/`, `time/`, `sampler/`) with units in the name.
+Every row says where the run is: `progress/round` (rounds done) and `progress/samples` (samples generated),
+training rows also `progress/epoch` and `time/wall_s`; W&B plots against `progress/samples`, so runs with
+different H line up. `iw/clip_frac` is the fraction of sequence importance weights above η (RAPID's
+truncation, the masked fraction of rapid_mask), `loss/clip_frac` the fraction of ratios PPO-style clipping
+cut off (GRPO, DAPO, Dr. GRPO: tokens; GSPO: sequences; CISPO: tokens whose weight is capped).
+Rows written under the earlier names (`round`, `samples`, `epoch`, `wall_s`, and `iw/clip_frac` for the
+ratio clip) read back under today's (`read_metrics`).
 With `logger.rollouts=true` every round's samples go to <run_dir>/rollouts.jsonl as well
 (prompt index, completion token ids and text, reward), and for the round's first group the per-token
 log μ (`logp_mu`) and log π_θ after the round's updates (`logp_pi`); every evaluation's per-problem
@@ -85,13 +92,31 @@ def config_summary(cfg, run_dir: Path) -> str:
 def run_dir_line(run_dir: Path, finished: bool = False) -> str:
     """Where a run writes, for the console at its start and its end."""
     if finished:
-        return f"run directory: {run_dir} (config.yaml, metrics.jsonl, summary.json)"
+        return f"run directory: {run_dir} (config.yaml, metrics.jsonl, summary.json, the trained model in model/)"
     return f"run directory: {run_dir}"
 
 
+RENAMED = {  # earlier name -> today's
+    "round": "progress/round",
+    "samples": "progress/samples",
+    "epoch": "progress/epoch",
+    "step": "progress/step",
+    "wall_s": "time/wall_s",
+}
+
+
+def current_names(row: dict) -> dict:
+    """A metrics row under today's names (module docstring), whichever names it was written with. Before the
+    two clip fractions had two names, a ratio-clipping loss logged its `clip_frac` as `iw/clip_frac`; such a
+    row has no `iw/staleness`, which the importance-weighted losses log beside theirs."""
+    out = {RENAMED.get(k, k): v for k, v in row.items()}
+    if "iw/clip_frac" in out and "iw/staleness" not in out and "loss/clip_frac" not in out:
+        out["loss/clip_frac"] = out.pop("iw/clip_frac")
+    return out
+
+
 PHASES = ("generate", "reward", "recompute", "train", "sync")  # a round's timed phases (+ other)
-STAT_NAMES = {
-    "clip_frac": "iw/clip_frac",
+STAT_NAMES = {  # a loss's statistic -> its logged name (the others: loss/<name>)
     "staleness": "iw/staleness",
     "log_w_mean": "iw/log_w_mean",
     "iw_mean": "iw/mean",
@@ -104,36 +129,33 @@ STAT_NAMES = {
 
 
 def round_row(
-    round_: int,
-    samples: int,
-    epoch: float,
+    progress: dict[str, float],
     rollouts: list,
     steps: list[dict],
-    failed: int,
-    mismatch: float | None,
-    nonfinite_steps: int,
+    *,
     phases: dict[str, float],
     round_s: float,
-    wall_s: float,
     world: int,
     device,
+    failed: int = 0,
+    mismatch: float | None = None,
+    nonfinite_steps: int = 0,
     dropped: int | None = None,
+    iw: bool = True,
     token_stats=lambda key: False,
 ) -> dict:
-    """A training round's row of metrics.jsonl: where the run is (`round`, `samples` generated, `epoch`),
-    `round_metrics`, the steps skipped as non-finite, `timing_metrics` (rank 0's `PhaseClock.row()`), the
-    run's wall time and, with DAPO's dynamic sampling, the groups it dropped (summed over ranks).
+    """A training round's row of metrics.jsonl: where the run is (`progress`: `progress/round`,
+    `progress/samples` generated, `progress/epoch`, `time/wall_s`), `round_metrics` of the round's
+    `rollouts` and `steps`, the steps skipped as non-finite, `timing_metrics` (rank 0's `PhaseClock.row()`
+    as `phases`) and, with DAPO's dynamic sampling, the groups it `dropped` (summed over ranks).
     `token_stats(name)`: whether a step statistic is a mean over tokens (rapid.policy.token_mean_stats)."""
     from rapid import distributed
 
     row = {
-        "round": round_,
-        "samples": samples,
-        "epoch": epoch,
-        **round_metrics(rollouts, steps, failed, mismatch, world, device, token_stats),
+        **progress,
+        **round_metrics(rollouts, steps, failed, mismatch, world, device, token_stats, iw),
         "train/nonfinite_steps": nonfinite_steps,
         **timing_metrics(phases, round_s, sum(len(r.completion_ids) for r in rollouts) * world),
-        "wall_s": wall_s,
     }
     if dropped is not None:
         row["train/dropped_groups"] = int(distributed.all_reduce_sum([dropped], device)[0])
@@ -141,7 +163,14 @@ def round_row(
 
 
 def round_metrics(
-    rollouts: list, steps: list[dict], failed: int, mismatch: float | None, world: int, device, token_stats=None
+    rollouts: list,
+    steps: list[dict],
+    failed: int,
+    mismatch: float | None,
+    world: int,
+    device,
+    token_stats=None,
+    iw: bool = True,
 ) -> dict[str, float]:
     """A round's training metrics, over all ranks: reward and completion statistics per record, the
     loss's statistics averaged over the round's steps, and the sampler/trainer log-prob gap (the
@@ -149,7 +178,8 @@ def round_metrics(
     report it: `loss` and `trained_frac` over every step, the others over the steps that ran records
     (a step whose every group has advantage 0 runs none, `rapid.policy.accumulate_gradients`), each
     step's weighted over ranks by the records it describes on each rank, or by their completion tokens
-    where it is a mean over tokens (`token_stats`; `step_sums`)."""
+    where it is a mean over tokens (`token_stats`; `step_sums`). `iw`: the loss's statistics describe
+    sequence importance weights (its `clip_frac` is `iw/clip_frac`, else `loss/clip_frac`)."""
     from rapid import distributed
 
     keys = dict.fromkeys(k for s in steps for k in s)
@@ -178,7 +208,7 @@ def round_metrics(
         "train/reward_failures": int(sums["failures"]),
         **({"sampler/logprob_mismatch": sums["gap"] / world} if "gap" in sums else {}),
         **{
-            STAT_NAMES.get(k, f"loss/{k}"): v
+            (STAT_NAMES | {"clip_frac": "iw/clip_frac" if iw else "loss/clip_frac"}).get(k, f"loss/{k}"): v
             for k in sorted(loss_keys)
             if (v := step_means(sums, len(steps), k, world, k in token_keys)) is not None
         },
@@ -234,7 +264,7 @@ def progress_fields(row: dict, H: int) -> dict[str, str | int]:
     """The progress bar's fields after a round: reward, clipped fraction, staleness, H, seconds per round."""
     return {
         "reward": f"{row['train/reward_mean']:.3f}",
-        "clip": f"{row.get('iw/clip_frac', 0):.2f}",
+        "clip": f"{row.get('iw/clip_frac', row.get('loss/clip_frac', 0)):.2f}",
         "stale": f"{row.get('iw/staleness', 0):.3f}",
         "H": H,
         "s_round": f"{row['time/round_s']:.1f}",
@@ -247,7 +277,7 @@ def summarize(rows: list[dict], final: dict) -> dict:
     train_rows = [r for r in rows if "train/reward_mean" in r]
     memory = sorted({k for r in train_rows for k in r if k.startswith("mem/") and k != "mem/peak_is_process"})
     return {
-        "eval/accuracy_before": evals[0]["eval/accuracy"] if evals and evals[0]["round"] == 0 else None,
+        "eval/accuracy_before": evals[0]["eval/accuracy"] if evals and evals[0]["progress/round"] == 0 else None,
         "eval/accuracy_after": final["eval/accuracy"],
         "unused_samples": sum(r.get("algorithm/unused_samples", 0) for r in train_rows),
         "optimizer_steps": sum(r.get("train/optimizer_steps", 0) for r in train_rows),
@@ -260,6 +290,12 @@ def summarize(rows: list[dict], final: dict) -> dict:
         },
         **{f"{k}_max": max(r[k] for r in train_rows if k in r) for k in memory},
     }
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The rows of a metrics.jsonl (a run directory or the file), under today's names (`current_names`)."""
+    path = Path(path)
+    return [current_names(r) for r in read_rows(path / "metrics.jsonl" if path.is_dir() else path)]
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -284,6 +320,7 @@ class MetricsLogger:
         wandb_cfg: dict | None = None,
         config: dict | None = None,
         resume_round: int | None = None,
+        x_axis: str = "progress/samples",
     ):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled, self.wandb = enabled, None
@@ -291,8 +328,10 @@ class MetricsLogger:
             return
         for path in (self.path, self.path.parent / "rollouts.jsonl", self.path.parent / "eval_outcomes.jsonl"):
             if resume_round is not None and path.exists():
-                rows = read_rows(path)
-                kept = [r for r in rows if r.get("round", 0) <= resume_round]
+                if path == self.path:
+                    kept = [r for r in read_metrics(path) if r.get("progress/round", 0) <= resume_round]
+                else:
+                    kept = [r for r in read_rows(path) if r.get("round", 0) <= resume_round]
                 path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         if wandb_cfg and wandb_cfg.get("enabled"):
             import wandb  # optional dependency (`pip install rapid[wandb]`); WANDB_MODE=offline works
@@ -309,17 +348,19 @@ class MetricsLogger:
                 id=id_file.read_text().strip(),
                 resume="allow",
             )
+            self.wandb.define_metric(x_axis)  # runs with different H line up on samples generated
+            self.wandb.define_metric("*", step_metric=x_axis)
 
     def rows(self) -> list[dict]:
-        return read_rows(self.path) if self.path.exists() else []
+        return read_metrics(self.path) if self.path.exists() else []
 
     def log(self, row: dict) -> None:
         if not self.enabled:
             return
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        if self.wandb is not None:
-            self.wandb.log({k: v for k, v in row.items() if k != "round"}, step=row.get("round"))
+        if self.wandb is not None:  # plotted against `x_axis` (define_metric), not W&B's own step
+            self.wandb.log(row)
 
     def log_rollouts(self, round_: int, rollouts: list, logp_pi: list[list[float]] | None = None) -> None:
         """This rank's samples of a round, one JSON object a line, in <run_dir>/rollouts.jsonl (on every rank

@@ -163,6 +163,7 @@ def grpo_loss(
     clip_eps: float = 0.2,
     kl_coef: float = 0.04,
     aggregation: str = "seq_mean_token_mean",
+    clip_eps_high: float | None = None,
     max_tokens: int | None = None,
     normalizer: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
@@ -171,8 +172,8 @@ def grpo_loss(
     logp, logp_old, logp_ref [B, T] (logp_ref may be None), advantages [B], mask [B, T]
     -> loss [] (float32, or float64 for float64 ``logp``), stats. Only ``logp`` gets a gradient.
 
-    Per token o = min(r·A, clip(r, 1−ε, 1+ε)·A) − β·k3 with ε = ``clip_eps``,
-    β = ``kl_coef``; the KL term is left out when ``logp_ref`` is None or ``kl_coef`` is 0.
+    Per token o = min(r·A, clip(r, 1−ε, 1+ε_high)·A) − β·k3 with ε = ``clip_eps``, ε_high =
+    ``clip_eps_high`` (None: ε), β = ``kl_coef``; the KL term is left out when ``logp_ref`` is None or ``kl_coef`` is 0.
     ``aggregation`` is one of ``AGGREGATIONS`` (module docstring); "constant" needs
     ``max_tokens``. The log-ratios in r and k3 are clamped to ±LOG_RATIO_MAX (finite in float32).
 
@@ -188,7 +189,8 @@ def grpo_loss(
     _check_shapes(logp, {"logp_old": logp_old, "logp_ref": logp_ref, "mask": mask}, advantages)
     dtype = _compute_dtype(logp)
     keep = mask.bool()
-    obj, stats = _clipped_surrogate(logp, logp_old, advantages, keep, clip_eps, clip_eps, dtype)
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    obj, stats = _clipped_surrogate(logp, logp_old, advantages, keep, clip_eps, high, dtype)
 
     zero = torch.zeros((), dtype=dtype, device=logp.device)
     kl_mean = zero

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from rapid import estimators
 from rapid.config import (
     CONF,
     EXIT_CONFIG_ERROR,
@@ -351,6 +352,8 @@ def check_job(cfg: DictConfig, overrides: list[str], world: int, multirun: bool,
             key = "hydra.sweep.dir / hydra.sweep.subdir" if multirun else "hydra.run.dir"
             raise ConfigError(f"{key} cannot be resolved ({one_line(e)}): fix the interpolations in it") from None
         new = True
+        with open_dict(cfg):
+            estimators.upgrade_settings(cfg.algorithm)  # earlier key names as today's (the run says so, once)
         check_known_keys(cfg)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the run warns, once, when it checks again

@@ -145,6 +145,7 @@ def sft(cfg: DictConfig, run_dir: Path | None = None) -> dict:
         run_dir,
         wandb_cfg={"enabled": cfg.logger.wandb, "project": cfg.logger.project, "name": run_dir.name},
         config=OmegaConf.to_container(cfg, resolve=True),
+        x_axis="progress/step",
     )
 
     def loss_fn(token_logp, batch, n_records, n_tokens):
@@ -165,15 +166,20 @@ def sft(cfg: DictConfig, run_dir: Path | None = None) -> dict:
             device=device,
             seed=derive_seed(cfg.seed, SFT_EVAL_STREAM) % 2**31,
         )
-        row = {"epoch": epoch, **row, "time/eval_s": time.perf_counter() - t0}
+        row = {
+            "progress/epoch": epoch,
+            "progress/step": epoch * steps_per_epoch,
+            **row,
+            "time/eval_s": time.perf_counter() - t0,
+        }
         logger.log(row)
         print(f"eval @ epoch {epoch}: accuracy {row['eval/accuracy']:.3f} on {row['eval/n']} problems")
         return row
 
     t_start = time.perf_counter()
+    steps_per_epoch = -(-len(examples) // s.batch_size)
     first = final = run_eval(0)
     sampler.sleep()
-    steps_per_epoch = -(-len(examples) // s.batch_size)
     bar = tqdm(total=s.epochs * steps_per_epoch, disable=not cfg.logger.progress, dynamic_ncols=True)
     # ---------------------------------------------------------------- epochs over the distilled completions
     step = 0
@@ -204,14 +210,14 @@ def sft(cfg: DictConfig, run_dir: Path | None = None) -> dict:
             if (s.log_every and step % s.log_every == 0) or start + s.batch_size >= len(order):
                 logger.log(
                     {
-                        "step": step,
-                        "epoch": step / steps_per_epoch,
+                        "progress/step": step,
+                        "progress/epoch": step / steps_per_epoch,
                         "train/loss": window["nll"] / window["tokens"],
                         "train/tokens": window["tokens"],
                         "train/grad_norm": grad_norm,
                         "train/lr": scheduler.get_last_lr()[0],
                         "time/train_s": time.perf_counter() - window["t0"],
-                        "wall_s": time.perf_counter() - t_start,
+                        "time/wall_s": time.perf_counter() - t_start,
                     }
                 )
                 window = {"nll": 0.0, "tokens": 0, "t0": time.perf_counter()}

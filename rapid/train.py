@@ -13,6 +13,10 @@ Each round t:
         g   = (1/B) Σ_n w̄_n A_n ∇ log π_θ(y_n|x_n)
      On the first step of a round θ = μ, so w = 1 and this is plain GRPG (Eq. 2);
   6. push the new weights into the sampler, in place.
+The loop in `train` is this list, one line or one named helper per step: each variant sits in the helper
+of its step (DAPO's dynamic sampling in `sample_round`, groups spanning ranks in `fill_buffer`, the exact
+log μ in `recompute_log_mu`, H=auto's early stop in `gradient_steps`) or is declared on its loss
+(rapid/estimators.py); what a run builds before its first round, and its summary, are in rapid/run.py.
 PG is the same loop with H = 1 (`algorithm=pg`). With `algorithm.H=auto` each round's H is chosen from
 the previous rounds' importance weights and phase times (rapid/adaptive_h.py), and the run ends when
 its sample budget (`samples`) is spent.
@@ -27,19 +31,14 @@ its sample budget (`samples`) is spent.
 
 from __future__ import annotations
 
-import copy
-import functools
 import itertools
-import json
-import math
 import time
 from pathlib import Path
 
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
-from torch.nn.parallel import DistributedDataParallel
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 from rapid import adaptive_h, checkpoint, distributed, estimators, preflight
@@ -52,140 +51,127 @@ from rapid.buffer import (
     set_schedule_position,
     trim_to_minibatches,
 )
-from rapid.config import (
-    check_known_keys,
-    check_new_run_dir,
-    exit_on_config_error,
-    register_resolvers,
-    resolve_dtype,
-    run_length,
-    skipped_groups,
-    validate,
-)
-from rapid.data import PromptStream
-from rapid.distributed import all_reduce_sum, gather_round, print0
+from rapid.config import exit_on_config_error, register_resolvers
+from rapid.distributed import all_reduce_sum, gather_round
 from rapid.evaluate import evaluate_config
-from rapid.iw_grpg import masked_mean, normalized_ess
-from rapid.logger import (
-    MetricsLogger,
-    config_summary,
-    progress_fields,
-    round_row,
-    run_dir_line,
-    summarize,
-    write_run_files,
-)
+from rapid.iw_grpg import normalized_ess
+from rapid.logger import progress_fields, round_row
 from rapid.losses import overlong_penalty
-from rapid.mismatch import scale_gradient, truncated_is_factors
-from rapid.models import load_model_and_tokenizer
-from rapid.nonfinite import StepGuard
-from rapid.policy import (
-    CompletionLogprobs,
-    accumulate_gradients,
-    autocast,
-    completion_logprobs,
-    recompute_behavior_logprobs,
-    token_logprobs,
-    token_mean_stats,
-)
-from rapid.profiling import PhaseClock, calibrate
-from rapid.rewards import score, self_test
-from rapid.sampler import make_sampler, sequence_budget
-from rapid.seeding import BUFFER_STREAM, ENGINE_STREAM, EVAL_STREAM, PROMPT_STREAM, SAMPLE_STREAM, derive_seed
-from rapid.sft import distill_and_sft
-from rapid.tasks import load_splits, record_id
+from rapid.policy import accumulate_gradients, recompute_behavior_logprobs, token_logprobs
+from rapid.profiling import PhaseClock
+from rapid.rewards import score
+from rapid.run import Run, finish, lr_lambda, start  # noqa: F401  (lr_lambda: the schedule, imported from here too)
+from rapid.seeding import BUFFER_STREAM, EVAL_STREAM, SAMPLE_STREAM, derive_seed
 
 register_resolvers()
 
 
-def lr_lambda(schedule: str, warmup: int, total: int):
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))  # a last round may overshoot `total`
-        return {"constant": 1.0, "linear": 1.0 - progress, "cosine": 0.5 * (1 + math.cos(math.pi * progress))}[schedule]
+@preflight.checked("config")  # every job's config, before Hydra makes a directory (rapid/preflight.py)
+@hydra.main(config_path="../conf", config_name="config", version_base=None)
+@exit_on_config_error
+def main(cfg: DictConfig) -> dict | None:
+    try:
+        program = estimators.program(cfg.algorithm.loss)  # a baseline run as its own program (SFT)
+        if program is not None:
+            return program(cfg, Path(HydraConfig.get().runtime.output_dir))
+        return train(cfg)
+    finally:
+        distributed.shutdown()
 
-    return f
+
+def train(cfg: DictConfig) -> dict:
+    run = start(cfg)  # model, data, sampler, optimizer, logger; resumed where asked (rapid/run.py)
+    cfg, a = run.cfg, run.cfg.algorithm
+    if run.round == 0 and cfg.eval.at_start:
+        evaluate(run, 0)
+    buffer, final = ReplayBuffer(), None
+    bar = tqdm(total=cfg.samples, initial=run.samples, unit="samples", dynamic_ncols=True,
+               disable=not distributed.is_main() or not cfg.logger.progress)  # fmt: skip
+    # ---------------------------------------------------------------- Algorithm 1
+    for round_ in itertools.count(run.round):
+        if run.samples >= cfg.samples:
+            break
+        t0, clock = time.perf_counter(), PhaseClock(run.device)
+        H = a.H if run.auto_h is None else adaptive_h.plan(run.h_state, cfg.samples - run.samples, a.n_step)
+        # 1-3. the round's n_inference / n_group prompts X_t, n_group completions each from μ = π_θ, scored
+        rollouts, failed, dropped, batches, generated = sample_round(run, round_, H, clock)
+        # 4. Z_t in the buffer, served as minibatches of n_step records (whole groups), once per pass
+        rollouts, passes = fill_buffer(run, buffer, rollouts, round_, H, last=run.samples + generated >= cfg.samples)
+        mismatch = recompute_log_mu(run, passes[0], clock)  # None unless behavior_logprobs=recompute
+        with clock.phase("sync"):
+            run.sampler.sleep()
+        # 5. H gradient steps of the registered loss (IW-GRPG: Eq. 3-5), num_iterations passes
+        with clock.phase("train"):
+            steps, ess = gradient_steps(run, passes, generated)
+        run.samples += generated  # DAPO's extra draws count: samples are what the engine generated
+        # 6. the new weights go to the sampler, in place
+        with clock.phase("sync"):
+            run.sampler.sync_weights(run.model)
+        round_s = time.perf_counter() - t0
+        # 7. log; evaluate and checkpoint when due
+        row = log_round(run, round_, H, rollouts, steps, ess, clock, round_s,
+                        failed=failed, mismatch=mismatch, dropped=dropped, batches=batches)  # fmt: skip
+        bar.update(generated)
+        bar.set_postfix(**progress_fields(row, H))
+        last = run.samples >= cfg.samples
+        if last or every(cfg.eval.every, round_ + 1) or crossed(cfg.eval.get("every_samples"), run.samples, generated):
+            final = evaluate(run, round_ + 1)
+        if last or every(cfg.ckpt.every, round_ + 1):
+            save(run, round_ + 1, last)
+    bar.close()
+    if final is None:  # resumed a finished run: report, log nothing new
+        final = evaluate(run, round_, log=False)
+    return finish(run, final, round_)
 
 
-def minibatch_loss(
-    token_logp: torch.Tensor,
-    batch,
-    n_records: int,
-    n_tokens: int,
-    peers=None,
-    *,
-    a: DictConfig,
-    estimator: estimators.Estimator,
-    reference: torch.nn.Module | None,
-    max_new_tokens: int,
-    device: torch.device,
-    compute_dtype: torch.dtype,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss of one micro-batch (rapid.policy.accumulate_gradients calls it with the minibatch's
-    normalisers): the engine correction where asked (rapid/mismatch.py), the reference's log-probs where
-    the loss needs them, then the registered estimator `algorithm.loss` (rapid/estimators.py), and the
-    sampler/trainer gap per token."""
-    mask = batch.completion_mask
-    correction = {}
-    if a.engine_correction != "none":  # μ_engine vs the trainer's μ: rapid/mismatch.py
-        factors, correction = truncated_is_factors(
-            batch.logp_mu, batch.logp_engine, mask, a.engine_correction, a.engine_correction_cap
-        )
-        token_logp = scale_gradient(token_logp, factors)  # same values; each token's gradient times its factor
-    logp_ref = None
-    if reference is not None:
-        with torch.no_grad(), autocast(device, compute_dtype):
-            logp_ref = completion_logprobs(reference, batch).float()
-    inputs = estimators.LossInputs(
-        token_logp,
-        batch.logp_mu,
-        mask,
-        batch.rewards,
-        batch.group_ids,
-        logp_ref,
-        n_records,
-        n_tokens,
-        max_new_tokens,
-        peers,  # the whole groups when groups span ranks (rapid.policy.gather_peers)
-    )
-    loss, stats = estimator.fn(inputs, a)
-    # |log π_θ − log μ| per token; on a round's first step θ = μ, so this is sampler/trainer mismatch
-    stats["token_logp_gap"] = masked_mean((token_logp.detach() - batch.logp_mu).abs(), mask).item()
-    return loss, stats | {f"correction_{k}": v for k, v in correction.items()}
+def every(n: int, round_: int) -> bool:
+    """Whether `round_` is a multiple of `n` (0: never)."""
+    return bool(n) and round_ % n == 0
+
+
+def crossed(n: int | None, samples: int, generated: int) -> bool:
+    """Whether the round that generated `generated` samples, ending at `samples`, crossed a multiple of `n`."""
+    return bool(n) and samples // n > (samples - generated) // n
+
+
+def sample_round(run: Run, round_: int, H: int, clock: PhaseClock) -> tuple[list[Rollout], int, int | None, int, int]:
+    """Algorithm 1's steps 1-3 on this rank: the round's H * n_step / n_group prompts (over all ranks),
+    sampled and scored (`sample_and_score`); with DAPO's dynamic sampling (`algorithm.dynamic_sampling`)
+    the groups of equal rewards are dropped and more prompts drawn until every rank is full or the run's
+    sample budget is spent. Returns the rollouts, the reward failures, the groups dropped (None without
+    dynamic sampling), the draws made and the samples generated over all ranks."""
+    a = run.cfg.algorithm
+    n_prompts = H * a.n_step // a.n_group  # prompts per round, over all ranks
+    rollouts, failed = sample_and_score(run, round_, 0, n_prompts, clock)
+    if not a.dynamic_sampling:
+        return rollouts, failed, None, 1, H * a.n_step
+    more = lambda attempt, k: sample_and_score(run, round_, attempt, n_prompts, clock, take=k)  # noqa: E731
+    target = len(range(run.rank, n_prompts, run.world)) * a.n_group  # this rank's records
+    return dynamic_sampling(
+        rollouts, failed, more, a.dynamic_sampling_tries, target, a.n_step // run.world, run.device,
+        draw=n_prompts, n_group=a.n_group, budget=run.cfg.samples - run.samples, world=run.world,
+        trim=not run.spanning,
+    )  # fmt: skip
 
 
 def sample_and_score(
-    cfg: DictConfig,
-    sampler,
-    task,
-    records: list[dict],
-    prompts: list[list[int]],
-    stream: PromptStream,
-    round_: int,
-    attempt: int,
-    n_prompts: int,
-    clock: PhaseClock,
-    *,
-    rank: int,
-    world: int,
-    take: int | None = None,
+    run: Run, round_: int, attempt: int, n_prompts: int, clock: PhaseClock, take: int | None = None
 ) -> tuple[list[Rollout], int]:
-    """Algorithm 1's steps 1-3 on this rank: the stream's next `n_prompts` training problems (over all
-    ranks; this rank takes every world-th), n_group completions each with μ = π_θ, seeds from (round,
-    prompt, sample), scored (a crashed or timed-out checker scores 0 and is counted). Returns the
-    rollouts, with DAPO's overlong penalty in their reward, and the failures. `attempt` > 0: DAPO's
-    dynamic sampling drawing more prompts for the same round (their positions follow the first's), `take`
-    of them where fewer than `n_prompts` (the run's last samples)."""
-    a, t = cfg.algorithm, cfg.task
-    taken = stream.take(take or n_prompts)
-    positions = list(range(rank, take or n_prompts, world))
+    """The stream's next `n_prompts` training problems (over all ranks; this rank takes every world-th),
+    n_group completions each with μ = π_θ, seeds from (round, prompt, sample), scored (a crashed or
+    timed-out checker scores 0 and is counted). Returns the rollouts, with DAPO's overlong penalty in
+    their reward, and the failures. `attempt` > 0: DAPO's dynamic sampling drawing more prompts for the
+    same round (their positions follow the first's), `take` of them where fewer than `n_prompts` (the
+    run's last samples)."""
+    cfg, a, t = run.cfg, run.cfg.algorithm, run.cfg.task
+    taken = run.stream.take(take or n_prompts)
+    positions = list(range(run.rank, take or n_prompts, run.world))
     indices = [taken[p] for p in positions]
     positions = [attempt * n_prompts + p for p in positions]
     seeds = [derive_seed(cfg.seed, SAMPLE_STREAM, round_, p) for p in positions]
     with clock.phase("generate"):
-        groups = sampler.generate(
-            [prompts[i] for i in indices],
+        groups = run.sampler.generate(
+            [run.train_prompts[i] for i in indices],
             n=a.n_group,
             max_new_tokens=t.max_new_tokens,
             temperature=cfg.sampler.temperature,
@@ -194,9 +180,9 @@ def sample_and_score(
     flat = [(p, i, c) for p, i, group in zip(positions, indices, groups) for c in group]
     with clock.phase("reward"):
         rewards, failed = score(
-            task,
+            run.task,
             [c.text for _, _, c in flat],
-            [records[i] for _, i, _ in flat],
+            [run.train_records[i] for _, i, _ in flat],
             workers=cfg.reward.workers,
             timeout=cfg.reward.timeout_s,
         )
@@ -208,7 +194,7 @@ def sample_and_score(
         ).tolist()
     return [
         Rollout(
-            prompt_ids=prompts[i],
+            prompt_ids=run.train_prompts[i],
             completion_ids=c.token_ids,
             logp_mu=c.logprobs,
             reward=r,
@@ -222,349 +208,196 @@ def sample_and_score(
     ], failed
 
 
-def eval_and_log(
-    cfg: DictConfig,
-    sampler,
-    task,
-    records: list[dict],
-    prompts: list[list[int]],
-    logger: MetricsLogger,
+def fill_buffer(
+    run: Run, buffer: ReplayBuffer, rollouts: list[Rollout], round_: int, H: int, last: bool = False
+) -> tuple[list[Rollout], list[list[list[Rollout]]]]:
+    """Algorithm 1's step 4: Z_t in the buffer, and its minibatches for each of the num_iterations passes
+    (n_step records over all ranks, whole groups, shuffled by a generator seeded from the round). Where a
+    group spans ranks every rank holds the whole round and trains its slice of each minibatch. Returns
+    this rank's rollouts (DAPO's trimming of a gathered round keeps this rank's share; in the `last` round
+    of the budget it may keep none) and the passes."""
+    a, rank, world = run.cfg.algorithm, run.rank, run.world
+    buffer.clear()
+    if run.spanning:  # groups span ranks: every rank holds the whole round (group ids are prompt positions)
+        every_record = gather_round(rollouts, world)
+        if a.dynamic_sampling:
+            n_prompts = H * a.n_step // a.n_group
+            every_record = trim_to_minibatches(every_record, a.n_step, n_prompts * a.n_group, run.device, last)
+            rollouts = [r for r in every_record if r.group_id % n_prompts % world == rank]  # this rank's, kept
+        buffer.add(every_record)
+    else:
+        buffer.add(rollouts)
+    shuffle = torch.Generator().manual_seed(derive_seed(run.cfg.seed, BUFFER_STREAM, round_))
+    size = a.n_step // (1 if run.spanning else world)
+    passes = [buffer.minibatches(size, shuffle) for _ in range(a.num_iterations)]
+    if run.spanning:  # every rank holds the round; each trains its slice of every minibatch
+        passes = [rank_share(minibatches, rank, world) for minibatches in passes]
+    return rollouts, passes
+
+
+def recompute_log_mu(run: Run, minibatches: list[list[Rollout]], clock: PhaseClock) -> float | None:
+    """With `algorithm.behavior_logprobs=recompute`, the exact log μ: the trainer's forward at θ = μ over the
+    first pass's micro-batches, replacing the engine's (returns their mean gap); else None."""
+    if run.cfg.algorithm.behavior_logprobs != "recompute":
+        return None
+    with clock.phase("recompute"):
+        return recompute_behavior_logprobs(
+            run.policy,
+            minibatches,
+            micro_batch=run.cfg.train.micro_batch,
+            pad_id=run.sampler.pad_id,
+            device=run.device,
+            compute_dtype=run.compute_dtype,
+        )
+
+
+def gradient_steps(
+    run: Run, passes: list[list[list[Rollout]]], generated: int
+) -> tuple[list[dict], list[tuple[int, float]]]:
+    """Algorithm 1's step 5: one optimizer step per minibatch (gradient accumulated over micro-batches,
+    clipped; a non-finite loss or gradient skips the step, rapid/nonfinite.py), the learning-rate schedule
+    moved along by the `generated` samples the round's steps share. A loss that reports its importance
+    weights (`iw` on its estimator) gives each step's normalised ESS over all ranks, from which H=auto ends
+    a round early when its samples have gone stale (the schedule then still moves to the round's end).
+    Returns the steps' statistics and the (step, ESS) pairs."""
+    cfg, o, a = run.cfg, run.cfg.optim, run.cfg.algorithm
+    steps, ess = [], []
+    todo = [mb for minibatches in passes for mb in minibatches]
+    # the lr schedule follows the samples generated: this round's share spread over the steps it takes
+    positions = schedule_positions(run.samples, generated, len(todo), a.n_step, a.num_iterations)
+    for minibatch in todo:
+        stats = accumulate_gradients(
+            run.policy,
+            minibatch,
+            run.loss_fn,
+            micro_batch=cfg.train.micro_batch,
+            pad_id=run.sampler.pad_id,
+            device=run.device,
+            compute_dtype=run.compute_dtype,
+            skip_groups=run.skip_groups,
+            spanning=run.spanning,
+            token_stats=run.token_stats,
+        )
+        if run.estimator.iw and "records" in stats:  # the ESS of the w̄ of the records trained on, over all ranks
+            n = stats["records"]  # 0 for a DDP placeholder group
+            w1, w2, n = all_reduce_sum([stats["w_bar_mean"] * n, stats["w_bar_sq_mean"] * n, n], run.device)
+            if n > 0:
+                ess.append((len(steps) + 1, normalized_ess(w1 / n, w2 / n)))  # (step k, e_k)
+        if run.auto_h and adaptive_h.stop_early(ess, run.auto_h):  # too stale: not applied, the round ends
+            run.optimizer.zero_grad(set_to_none=True)
+            break
+        grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), o.grad_clip)
+        stats["grad_norm"] = distributed.full_tensor(grad_norm).item()  # sharded: the global norm
+        stats["lr"] = run.scheduler.get_last_lr()[0]
+        if run.guard.ok(stats["loss"], stats["grad_norm"], step=run.scheduler.last_epoch):  # else skipped
+            run.optimizer.step()
+        set_schedule_position(run.scheduler, positions[len(steps) + 1])
+        run.optimizer.zero_grad(set_to_none=True)
+        steps.append(stats)
+    if run.scheduler.last_epoch != positions[-1]:  # an early stop (H=auto): the round's samples are spent
+        set_schedule_position(run.scheduler, positions[-1])
+    return steps, ess
+
+
+def log_round(
+    run: Run,
     round_: int,
+    H: int,
+    rollouts: list[Rollout],
+    steps: list[dict],
+    ess: list[tuple[int, float]],
+    clock: PhaseClock,
+    round_s: float,
     *,
-    rank: int,
-    world: int,
-    device: torch.device,
-    log: bool = True,
+    failed: int,
+    mismatch: float | None,
+    dropped: int | None,
+    batches: int,
 ) -> dict:
+    """The round's row of metrics.jsonl (rapid.logger.round_row: sums over ranks, then means; times and memory
+    are rank 0's), with DAPO's batches and H=auto's next H (which it decides here, from this round's weights
+    and phase times), logged; with `logger.rollouts` also the round's samples. Returns the row."""
+    cfg, a = run.cfg, run.cfg.algorithm
+    where = {
+        "progress/round": round_ + 1,
+        "progress/samples": run.samples,
+        "progress/epoch": run.stream.epoch + run.stream.pos / len(run.train_records),
+        "time/wall_s": time.perf_counter() - run.t_start,
+    }
+    row = round_row(
+        where, rollouts, steps, phases=clock.row(), round_s=round_s, world=run.world, device=run.device,
+        failed=failed, mismatch=mismatch, nonfinite_steps=run.guard.take_count(), dropped=dropped,
+        iw=run.estimator.iw, token_stats=run.token_stats,
+    )  # fmt: skip
+    row["train/prompt_len"] = sum(len(r.prompt_ids) for r in rollouts) / max(len(rollouts), 1)  # rank 0's
+    if a.dynamic_sampling:
+        row["train/sampling_batches"] = batches  # DAPO: draws of (at most) H * n_step prompts' samples
+    row["train/optimizer_steps"] = len(steps)  # with `samples`, the two budgets a comparison can count
+    if run.auto_h:  # the next round's H, from this round's weights and phase times (averaged over ranks)
+        run.h_state, h_log = adaptive_h.end_round(
+            run.h_state, run.auto_h, H, ess, len(steps), row, run.world, run.device
+        )
+        row |= h_log
+    run.logger.log(row)
+    if cfg.logger.rollouts:  # + per-token log π after the round's updates, for its first group (the token log w)
+        logp_pi = token_logprobs(
+            run.policy, rollouts[: a.n_group], pad_id=run.sampler.pad_id, device=run.device,
+            compute_dtype=run.compute_dtype,
+        )  # fmt: skip
+        run.logger.log_rollouts(round_ + 1, rollouts, logp_pi)
+    return row
+
+
+def evaluate(run: Run, round_: int, log: bool = True) -> dict:
     """The held-out evaluation (rapid/evaluate.py) after `round_` rounds: its row, logged with the
     per-problem verdicts unless `log` is false, and a console line."""
     t0 = time.perf_counter()
     correct = []
     row = evaluate_config(
-        cfg,
-        sampler,
-        task,
-        records,
-        prompts,
-        seed=derive_seed(cfg.seed, EVAL_STREAM) % 2**31,
-        rank=rank,
-        world=world,
-        device=device,
+        run.cfg,
+        run.sampler,
+        run.task,
+        run.eval_records,
+        run.eval_prompts,
+        seed=derive_seed(run.cfg.seed, EVAL_STREAM) % 2**31,
+        rank=run.rank,
+        world=run.world,
+        device=run.device,
         outcomes=correct,
     )
-    row = {"round": round_, **row, "time/eval_s": time.perf_counter() - t0}
+    row = {"progress/round": round_, "progress/samples": run.samples, **row, "time/eval_s": time.perf_counter() - t0}
     if log:
-        logger.log(row)
-        logger.log_eval_outcomes(round_, correct)
-    print0(f"eval @ round {round_}: accuracy {row['eval/accuracy']:.3f} on {row['eval/n']} problems")
+        run.logger.log(row)
+        run.logger.log_eval_outcomes(round_, correct)
+    if distributed.is_main():  # above the progress bar, not inside it
+        tqdm.write(f"eval @ round {round_}: accuracy {row['eval/accuracy']:.3f} on {row['eval/n']} problems")
     return row
 
 
-@preflight.checked("config")  # every job's config, before Hydra makes a directory (rapid/preflight.py)
-@hydra.main(config_path="../conf", config_name="config", version_base=None)
-@exit_on_config_error
-def main(cfg: DictConfig) -> dict | None:
-    try:
-        if cfg.algorithm.loss == "sft":  # the SFT baseline: rapid.distill, then rapid.sft, in one run
-            return distill_and_sft(cfg, Path(HydraConfig.get().runtime.output_dir))
-        return train(cfg)
-    finally:
-        distributed.shutdown()
-
-
-def train(cfg: DictConfig) -> dict:
-    # ---------------------------------------------------------------- setup
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    resume_from = None
-    if cfg.resume:  # the run continues with the config it started with (rapid/checkpoint.py)
-        run_dir = Path(cfg.resume)
-        overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("resume=")]
-        resume_from, cfg = checkpoint.resume_point(run_dir, overrides)
-    else:  # a new run: every key known (rapid/config.py)
-        check_known_keys(cfg)
-    rank, world, device = distributed.init(cfg.device)
-    if resume_from is None and distributed.is_main():
-        check_new_run_dir(run_dir)  # never appends to an earlier run's files
-    validate(cfg, world)
-    print0(run_dir_line(run_dir))
-    a, t, o = cfg.algorithm, cfg.task, cfg.optim
-    compute_dtype = resolve_dtype(cfg.model.dtype, device)
-    temperature = cfg.sampler.temperature
-    torch.manual_seed(cfg.seed)
-    model, tokenizer = load_model_and_tokenizer(
-        cfg.model.path, cfg.model.gguf, cfg.model.architecture, cfg.model.gradient_checkpointing, seed=cfg.seed
+def save(run: Run, round_: int, last: bool) -> None:
+    """A checkpoint after `round_` rounds (every rank joins the gathering of a sharded model; rank 0 writes);
+    after the last round also the model to take away, <run_dir>/model, in the dtype it came in."""
+    gathered = checkpoint.gather(run.model, run.optimizer)  # sharded: whole tensors on rank 0 (every rank joins)
+    rngs = checkpoint.gather_rng_states()
+    if not distributed.is_main():
+        return
+    checkpoint.save(
+        run.run_dir,
+        round_,
+        run.model,
+        run.tokenizer,
+        run.optimizer,
+        run.scheduler,
+        run.stream,
+        run.cfg,
+        elapsed_s=time.perf_counter() - run.t_start,
+        keep=run.cfg.ckpt.keep,
+        extra={"samples": run.samples, "auto_h": run.h_state and run.h_state.state_dict()},
+        gathered=gathered,
+        rng_per_rank=rngs,
     )
-    model.to(device)
-    context = getattr(model.config, "max_position_embeddings", None)  # prompts + completions must fit
-    task, train_records, train_prompts, eval_records, eval_prompts = load_splits(t, tokenizer, cfg.eval.n, context)
-    cfg.rounds, cfg.samples = run_length(cfg, len(train_records))  # rounds is None with H=auto
-    if distributed.is_main():
-        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None  # tools/bench_rl.py's MFU
-        parameters = sum(p.numel() for p in model.parameters())
-        meta = "meta_resume.json" if resume_from else "meta.json"
-        write_run_files(run_dir, cfg, device, meta, world_size=world, parameters=parameters, gpu=gpu)
-        (run_dir / "split.json").write_text(
-            json.dumps(  # which problems trained, which were held out
-                {"train": [record_id(r) for r in train_records], "eval": [record_id(r) for r in eval_records]}
-            )
-        )
-    print0(config_summary(cfg, run_dir))
-    sampler = make_sampler(
-        cfg.sampler,
-        model,
-        tokenizer,
-        compute_dtype,
-        seed=derive_seed(cfg.seed, ENGINE_STREAM, rank) % 2**31,
-        max_len_needed=sequence_budget(train_prompts + eval_prompts, t.max_new_tokens),
-    )
-    # the KL reference (GRPO's) is the initial policy: copied before a resume loads the checkpoint's weights
-    initial = copy.deepcopy(model) if estimators.get(a.loss).reference(a) else None
-    policy = CompletionLogprobs(model, temperature, share_prompt=not cfg.model.gradient_checkpointing)
-    if world > 1 and cfg.train.parallel == "fsdp":  # parameters, gradients and optimizer state sharded
-        distributed.shard_model(model)
-    elif world > 1:
-        policy = DistributedDataParallel(policy, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=True
-    )  # one kernel for all parameters (2.8x faster step on CPU); after sharding: the shards' parameters
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(o.schedule, o.warmup_steps, cfg.samples // a.n_step * a.num_iterations)
-    )
-    stream = PromptStream(len(train_records), derive_seed(cfg.seed, PROMPT_STREAM))
-    auto_h = adaptive_h.Settings.from_config(a.auto_h, a.n_step) if a.H == "auto" else None
-    h_state = adaptive_h.initial_state(auto_h) if auto_h else None
-    start_round, elapsed0, samples_done = 0, 0.0, 0
-    if resume_from is not None:
-        state = checkpoint.load(resume_from, model, optimizer, scheduler, stream, rank, world)
-        start_round, elapsed0 = state["round"], state["elapsed_s"]
-        samples_done = state.get("samples", start_round * a.n_inference)
-        if auto_h:
-            h_state = adaptive_h.State.from_state_dict(state["auto_h"])
-        sampler.sync_weights(model)  # the engine was built from the initial weights: sample from the resumed ones
-        print0(f"resumed from {resume_from} at round {start_round}")
-    logger = MetricsLogger(
-        run_dir,
-        enabled=distributed.is_main(),
-        wandb_cfg={"enabled": cfg.logger.wandb, "project": cfg.logger.project, "name": run_dir.name},
-        config=OmegaConf.to_container(cfg, resolve=True),
-        resume_round=start_round if resume_from else None,
-    )
-
-    estimator = estimators.get(a.loss)  # the loss and what it needs (rapid/estimators.py)
-    reference = None  # a KL anchor (GRPO, Dr. GRPO with kl_coef > 0): a frozen copy of the initial policy
-    if estimator.reference(a):
-        reference = CompletionLogprobs(
-            initial.requires_grad_(False).eval(),
-            temperature,
-            share_prompt=not cfg.model.gradient_checkpointing,
-        )
-
-    skip_groups = skipped_groups(cfg)  # groups whose advantages are all 0 are not run
-    token_stats = token_mean_stats(estimator.level, a.engine_correction)  # combined over tokens, not records
-    spanning = a.n_step % (a.n_group * world) != 0  # a group spans ranks (rapid/policy.py)
-    guard = StepGuard(o.max_nonfinite_steps, device)  # non-finite loss or gradient: step skipped
-
-    loss_fn = functools.partial(
-        minibatch_loss,
-        a=a,
-        estimator=estimator,
-        reference=reference,
-        max_new_tokens=t.max_new_tokens,
-        device=device,
-        compute_dtype=compute_dtype,
-    )
-    print0(
-        self_test(task, train_records, cfg.reward.self_test, workers=cfg.reward.workers, timeout=cfg.reward.timeout_s)
-    )
-    sample = functools.partial(
-        sample_and_score, cfg, sampler, task, train_records, train_prompts, stream, rank=rank, world=world
-    )
-    run_eval = functools.partial(
-        eval_and_log, cfg, sampler, task, eval_records, eval_prompts, logger, rank=rank, world=world, device=device
-    )
-    t_start = time.perf_counter() - elapsed0
-    if start_round == 0 and cfg.eval.at_start:
-        run_eval(0)
-    buffer = ReplayBuffer()
-    bar = tqdm(
-        total=cfg.samples,
-        initial=samples_done,
-        unit="samples",
-        disable=not distributed.is_main() or not cfg.logger.progress,
-        dynamic_ncols=True,
-    )
-    every_samples = cfg.eval.get("every_samples") or cfg.samples + 1  # evaluate each time `samples` crosses it
-    final = None
-    # ---------------------------------------------------------------- Algorithm 1
-    for round_ in itertools.count(start_round):
-        if samples_done >= cfg.samples:
-            break
-        t0 = time.perf_counter()
-        H = a.H if auto_h is None else adaptive_h.plan(h_state, cfg.samples - samples_done, a.n_step)
-        n_prompts = H * a.n_step // a.n_group  # prompts per round, over all ranks
-        clock = PhaseClock(device)
-        # 1-3. prompts X_t (the round's n_inference / n_group), sampled with μ = π_θ and scored
-        rollouts, failed = sample(round_, 0, n_prompts, clock)
-        dropped, batches, generated = None, 1, H * a.n_step
-        if a.dynamic_sampling:  # DAPO: drop all-equal groups, sample more prompts until full or the budget is spent
-            more = lambda attempt, k: sample(round_, attempt, n_prompts, clock, take=k)  # next prompts, same round
-            target = len(range(rank, n_prompts, world)) * a.n_group  # this rank's records
-            rollouts, failed, dropped, batches, generated = dynamic_sampling(
-                rollouts, failed, more, a.dynamic_sampling_tries, target, a.n_step // world, device,
-                draw=n_prompts, n_group=a.n_group, budget=cfg.samples - samples_done, world=world, trim=not spanning,
-            )  # fmt: skip
-        # 4. Z_t, served as group-aligned minibatches (n_step records over all ranks), once per pass
-        buffer.clear()
-        if spanning:  # groups span ranks: every rank holds the whole round (group ids are prompt positions)
-            every = gather_round(rollouts, world)
-            if a.dynamic_sampling:
-                every = trim_to_minibatches(
-                    every, a.n_step, n_prompts * a.n_group, device, samples_done + generated >= cfg.samples
-                )
-                rollouts = [r for r in every if r.group_id % n_prompts % world == rank]  # this rank's, kept
-            buffer.add(every)
-        else:
-            buffer.add(rollouts)
-        shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, BUFFER_STREAM, round_))
-        passes = [buffer.minibatches(a.n_step // (1 if spanning else world), shuffle) for _ in range(a.num_iterations)]
-        if spanning:  # every rank holds the round; each trains its slice of every minibatch
-            passes = [rank_share(minibatches, rank, world) for minibatches in passes]
-        mismatch = None
-        if (
-            a.behavior_logprobs == "recompute"
-        ):  # exact log μ: the trainer's forward at θ = μ, in the first pass's micro-batches
-            with clock.phase("recompute"):
-                mismatch = recompute_behavior_logprobs(
-                    policy,
-                    passes[0],
-                    micro_batch=cfg.train.micro_batch,
-                    pad_id=sampler.pad_id,
-                    device=device,
-                    compute_dtype=compute_dtype,
-                )
-        with clock.phase("sync"):
-            sampler.sleep()
-        # 5. H gradient steps
-        steps, ess = [], []
-        todo = [mb for minibatches in passes for mb in minibatches]
-        # the lr schedule follows the samples generated: this round's share spread over the steps it takes
-        positions = schedule_positions(samples_done, generated, len(todo), a.n_step, a.num_iterations)
-        with clock.phase("train"):
-            for minibatch in todo:
-                stats = accumulate_gradients(
-                    policy,
-                    minibatch,
-                    loss_fn,
-                    micro_batch=cfg.train.micro_batch,
-                    pad_id=sampler.pad_id,
-                    device=device,
-                    compute_dtype=compute_dtype,
-                    skip_groups=skip_groups,
-                    spanning=spanning,
-                    token_stats=token_stats,
-                )
-                if "w_bar_mean" in stats:  # IW-GRPG: the ESS of the records trained on, over all ranks
-                    n = stats["records"]  # 0 for a DDP placeholder group
-                    w1, w2, n = all_reduce_sum([stats["w_bar_mean"] * n, stats["w_bar_sq_mean"] * n, n], device)
-                    if n > 0:
-                        ess.append((len(steps) + 1, normalized_ess(w1 / n, w2 / n)))  # (step k, e_k)
-                if auto_h and adaptive_h.stop_early(ess, auto_h):  # too stale: not applied, the round ends
-                    optimizer.zero_grad(set_to_none=True)
-                    break
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
-                stats["grad_norm"] = distributed.full_tensor(grad_norm).item()  # sharded: the global norm
-                stats["lr"] = scheduler.get_last_lr()[0]
-                if guard.ok(stats["loss"], stats["grad_norm"], step=scheduler.last_epoch):  # else skipped
-                    optimizer.step()
-                set_schedule_position(scheduler, positions[len(steps) + 1])
-                optimizer.zero_grad(set_to_none=True)
-                steps.append(stats)
-        if scheduler.last_epoch != positions[-1]:  # an early stop (H=auto): the round's samples are spent
-            set_schedule_position(scheduler, positions[-1])
-        samples_done += generated  # DAPO's extra draws count: samples are what the engine generated
-        # 6. the new weights go to the sampler, in place
-        with clock.phase("sync"):
-            sampler.sync_weights(model)
-        round_s = time.perf_counter() - t0
-        # 7. log (sums over ranks, then means; times and memory are rank 0's)
-        row = round_row(
-            round_ + 1,
-            samples_done,
-            stream.epoch + stream.pos / len(train_records),
-            rollouts,
-            steps,
-            failed,
-            mismatch,
-            guard.take_count(),
-            clock.row(),
-            round_s,
-            time.perf_counter() - t_start,
-            world,
-            device,
-            dropped,
-            token_stats,
-        )
-        row["train/prompt_len"] = sum(len(r.prompt_ids) for r in rollouts) / max(len(rollouts), 1)  # rank 0's
-        if a.dynamic_sampling:
-            row["train/sampling_batches"] = batches  # DAPO: draws of (at most) H * n_step prompts' samples
-        row["train/optimizer_steps"] = len(steps)  # with `samples`, the two budgets a comparison can count
-        if auto_h:  # the next round's H, from this round's weights and phase times (averaged over ranks)
-            h_state, h_log = adaptive_h.end_round(h_state, auto_h, H, ess, len(steps), row, world, device)
-            row |= h_log
-        logger.log(row)
-        if cfg.logger.rollouts:  # + per-token log π after the round's updates, for its first group (the token log w)
-            logger.log_rollouts(
-                round_ + 1,
-                rollouts,
-                token_logprobs(
-                    policy, rollouts[: a.n_group], pad_id=sampler.pad_id, device=device, compute_dtype=compute_dtype
-                ),
-            )
-        bar.update(generated)
-        bar.set_postfix(**progress_fields(row, H))
-        last = samples_done >= cfg.samples
-        crossed = samples_done // every_samples > (samples_done - generated) // every_samples
-        if (cfg.eval.every and (round_ + 1) % cfg.eval.every == 0) or crossed or last:
-            final = run_eval(round_ + 1)
-        if (cfg.ckpt.every and (round_ + 1) % cfg.ckpt.every == 0) or last:
-            gathered = checkpoint.gather(model, optimizer)  # sharded: whole tensors on rank 0 (every rank joins)
-            rngs = checkpoint.gather_rng_states()
-            if distributed.is_main():
-                checkpoint.save(
-                    run_dir,
-                    round_ + 1,
-                    model,
-                    tokenizer,
-                    optimizer,
-                    scheduler,
-                    stream,
-                    cfg,
-                    elapsed_s=time.perf_counter() - t_start,
-                    keep=cfg.ckpt.keep,
-                    extra={"samples": samples_done, "auto_h": h_state and h_state.state_dict()},
-                    gathered=gathered,
-                    rng_per_rank=rngs,
-                )
-    bar.close()
-    # ---------------------------------------------------------------- final evaluation and summary
-    if final is None:  # resumed a finished run: report, log nothing new
-        final = run_eval(round_, log=False)
-    summary = {
-        "rounds": round_,
-        "samples": samples_done,
-        "sampler": sampler.name,
-        "algorithm": a.name,
-        "time/total_s": time.perf_counter() - t_start,
-        **summarize(logger.rows() if distributed.is_main() else [], final),
-        "calibration": calibrate(),  # the machine's speed at the end (meta.json: at the start)
-    }
-    if distributed.is_main():
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        print0(json.dumps(summary, indent=2))
-    print0(run_dir_line(run_dir, finished=True))
-    logger.close()
-    sampler.close()  # the engine's memory back before another run of this process (Hydra multirun)
-    return summary
+    if last:
+        checkpoint.export_model(run.run_dir / "model", run.model, run.tokenizer, run.export_dtype, gathered)
 
 
 if __name__ == "__main__":

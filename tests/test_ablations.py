@@ -148,7 +148,8 @@ def test_grpo_at_equal_h_clips_the_ratio_against_the_rounds_sampler(tmp_path):
             ]  # fmt: skip
             fractions.append(sum((a < 0 and x < 0.8) or (a > 0 and x > 1.2) for x, a in tokens) / len(tokens))
         want.append(sum(fractions) / len(fractions))
-    got = [r["iw/clip_frac"] for r in train_rows(rows)]
+    got = [r["loss/clip_frac"] for r in train_rows(rows)]  # a ratio clip: loss/, not iw/
+    assert not any("iw/clip_frac" in r for r in train_rows(rows))
     assert got == pytest.approx(want, abs=1e-6)
     assert max(want) > 0  # not vacuous: some token is clipped
 

@@ -153,7 +153,7 @@ def test_torn_last_metrics_line_is_dropped_on_resume(tmp_path, capsys):
     text = "".join(json.dumps(r) + "\n" for r in rows)
     (tmp_path / "metrics.jsonl").write_text(text + '{"round": 4, "train/lo')
     logger = MetricsLogger(tmp_path, resume_round=2)
-    assert logger.rows() == rows[:2]
+    assert logger.rows() == [{"progress/round": r["round"], "train/loss": r["train/loss"]} for r in rows[:2]]
     assert "dropping a damaged line" in capsys.readouterr().out
 
 

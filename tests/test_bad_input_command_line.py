@@ -58,7 +58,11 @@ def test_the_smoke_config_and_a_sweep_of_it_pass(tmp_path):
         ("sampler.max_model_len=big", "sampler.max_model_len='big' must be auto or an integer"),
         ("samples=0", "samples=0 must be an integer >= 1 (or null: rounds or epochs decide)"),
         ("~optim.lr", "optim.lr is missing from the config (deleted with a ~ override"),
-        ("+algorithm.kl_coef=0.1", "algorithm.kl_coef=0.1 is ignored by algorithm.loss=iw_grpg"),
+        ("+algorithm.beta=0.1", "algorithm.beta=0.1 is ignored by algorithm.loss=iw_grpg"),
+        (
+            "algorithm.kl_coef=0.1",
+            "algorithm.beta=0.1 is ignored by algorithm.loss=iw_grpg",
+        ),  # an earlier name, read as beta
         ("+algorithm.etaa=2", "unknown config key algorithm.etaa (did you mean algorithm.eta?)"),
     ],
 )
@@ -70,7 +74,7 @@ def test_a_setting_the_loss_ignores_is_refused_when_given():
     message = refused([*SMOKE, "algorithm=grpo", "algorithm.eta=3"])
     assert message.startswith("algorithm.eta=3 is ignored by algorithm.loss=grpo, which reads algorithm.aggregation")
     assert "algorithm.loss=iw_grpg or rapid_mask" in message
-    check_command_line([*SMOKE, "algorithm=grpo", "algorithm.kl_coef=0.1"], environ=QUIET)  # grpo reads it
+    check_command_line([*SMOKE, "algorithm=grpo", "algorithm.beta=0.1"], environ=QUIET)  # grpo reads it
 
 
 @pytest.mark.parametrize(

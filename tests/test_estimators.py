@@ -19,11 +19,11 @@ D = torch.float64
 SETTINGS = {  # each loss's conf/algorithm yaml values (checked against the files in test_registry.py)
     "iw_grpg": {"eta": 2.0, "leave_one_out": False, "iw_baseline": True, "iw_gradient": True},
     "rapid_mask": {"eta": 2.0, "leave_one_out": False},
-    "grpo": {"clip_eps": 0.2, "kl_coef": 0.04, "aggregation": "seq_mean_token_mean"},
-    "dapo": {"clip_low": 0.2, "clip_high": 0.28},
-    "dr_grpo": {"clip_eps": 0.2, "kl_coef": 0.0},
+    "grpo": {"eps_low": 0.2, "eps_high": 0.2, "beta": 0.04, "aggregation": "seq_mean_token_mean"},
+    "dapo": {"eps_low": 0.2, "eps_high": 0.28},
+    "dr_grpo": {"eps_low": 0.2, "eps_high": 0.2, "beta": 0.0},
     "cispo": {"eps_high": 4.0, "eps_low": None},
-    "gspo": {"clip_low": 3e-4, "clip_high": 4e-4},
+    "gspo": {"eps_low": 3e-4, "eps_high": 4e-4},
     "topr": {"baseline": 0.5},
 }
 
@@ -248,7 +248,7 @@ def reference_loss(name: str, logp, logp_old, logp_ref, mask, rewards, ids, max_
         for n in range(B):
             s = math.exp((seq[n] - seq_old[n]) / len(toks[n]))
             A = a_std(n)
-            o, d = ppo(s, A, 1 - a["clip_low"], 1 + a["clip_high"])
+            o, d = ppo(s, A, 1 - a["eps_low"], 1 + a["eps_high"])
             total -= o / B
             clipped_tokens += o != s * A
             for t in toks[n]:
@@ -264,14 +264,12 @@ def reference_loss(name: str, logp, logp_old, logp_ref, mask, rewards, ids, max_
                 grad[n][t] = -rhat * A / n_tok
                 clipped_tokens += r > 1 + a["eps_high"]
                 continue
-            lo, hi = (
-                (1 - a["clip_low"], 1 + a["clip_high"]) if name == "dapo" else (1 - a["clip_eps"], 1 + a["clip_eps"])
-            )
+            lo, hi = 1 - a["eps_low"], 1 + a["eps_high"]
             o, d = ppo(r, A, lo, hi)
             clipped_tokens += (A < 0 and r < lo) or (A > 0 and r > hi)
             if name == "grpo":  # − β k3, k3 = e^x − x − 1 with x = log π_ref − log π: d(−β k3)/d log π = β (e^x − 1)
                 x = ref[n][t] - lp[n][t]
-                o, d = o - a["kl_coef"] * (math.exp(x) - x - 1), d + a["kl_coef"] * (math.exp(x) - 1)
+                o, d = o - a["beta"] * (math.exp(x) - x - 1), d + a["beta"] * (math.exp(x) - 1)
             scale = {"grpo": B * len(toks[n]), "dapo": n_tok, "dr_grpo": B * max_tokens}[name]
             total -= o / scale
             grad[n][t] = -d / scale
@@ -361,9 +359,9 @@ def test_smoke_run_per_estimator(tmp_path, name):
     launch(["+experiment=smoke", f"algorithm={name}", "algorithm.H=2", "rounds=2", "eval.every=0",
             "ckpt.every=0", f"hydra.run.dir={run}"], tmp_path)  # fmt: skip
     rows = train_rows(read_rows(run))
-    assert [r["round"] for r in rows] == [1, 2]
+    assert [r["progress/round"] for r in rows] == [1, 2]
     for r in rows:
         assert r["train/trained_frac"] == 1.0 and math.isfinite(r["train/loss"])
-    stat = {"cispo": "iw/clip_frac", "gspo": "loss/log_ratio_abs_mean", "dr_grpo": "loss/kl_mean",
+    stat = {"cispo": "loss/clip_frac", "gspo": "loss/log_ratio_abs_mean", "dr_grpo": "loss/kl_mean",
             "topr": "loss/trunc_frac", "rapid_mask": "iw/clip_frac"}[name]  # fmt: skip
     assert all(stat in r for r in rows), sorted(rows[0])

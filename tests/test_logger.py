@@ -49,12 +49,14 @@ def test_round_row_by_hand():
     # the step reports the records it trained, as accumulate_gradients does
     step = {"loss": 0.5, "clip_frac": 0.25, "records": 2, "grad_norm": 2.0, "lr": 1e-3}
     phases = {"time/generate_s": 2.0, "time/train_s": 1.0, "mem/peak_gb": 0.5}
-    args = (7, 64, 1.5, rollouts, [step], 1, None, 0, phases, 4.0, 9.0, 1, torch.device("cpu"))
-    row = round_row(*args)
+    progress = {"progress/round": 7, "progress/samples": 64, "progress/epoch": 1.5, "time/wall_s": 9.0}
+    kwargs = dict(phases=phases, round_s=4.0, world=1, device=torch.device("cpu"), failed=1)
+    row = round_row(progress, rollouts, [step], **kwargs)
     assert row == {
-        "round": 7,
-        "samples": 64,
-        "epoch": 1.5,
+        "progress/round": 7,
+        "progress/samples": 64,
+        "progress/epoch": 1.5,
+        "time/wall_s": 9.0,
         "train/reward_mean": 0.5,
         "train/accuracy": 0.5,
         "train/completion_len": 2.0,
@@ -74,10 +76,43 @@ def test_round_row_by_hand():
         "time/other_s": 1.0,
         "time/round_s": 4.0,
         "sampler/tokens_per_s": 2.0,
-        "wall_s": 9.0,
     }
-    assert list(row)[:5] == ["round", "samples", "epoch", "train/reward_mean", "train/accuracy"]
-    assert round_row(*args, dropped=3)["train/dropped_groups"] == 3
+    assert list(row)[:5] == ["progress/round", "progress/samples", "progress/epoch", "time/wall_s", "train/reward_mean"]
+    assert round_row(progress, rollouts, [step], **kwargs, dropped=3)["train/dropped_groups"] == 3
+    # a ratio-clipping loss's clip_frac is the PPO clip fraction: loss/clip_frac, not iw/clip_frac
+    ratio = round_row(progress, rollouts, [step], **kwargs, iw=False)
+    assert ratio["loss/clip_frac"] == 0.25 and "iw/clip_frac" not in ratio
+
+
+def test_rows_written_under_the_earlier_names_read_under_todays(tmp_path):
+    """Committed results were written with `round`, `samples`, `epoch`, `wall_s`, `step`, and a ratio-clipping
+    loss's clip fraction as `iw/clip_frac`; read_metrics gives them today's names, and leaves today's alone."""
+    import json
+
+    from rapid.logger import current_names, read_metrics
+
+    old = [
+        {"round": 0, "eval/accuracy": 0.1},
+        {"round": 1, "samples": 16, "epoch": 0.5, "wall_s": 3.0, "iw/clip_frac": 0.1, "iw/staleness": 0.2},
+        {"round": 2, "samples": 32, "iw/clip_frac": 0.3, "loss/kl_mean": 0.01},  # GRPO: no iw/staleness
+        {"step": 4, "epoch": 1.0, "train/loss": 0.7},  # rapid.sft
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    assert read_metrics(tmp_path) == [
+        {"progress/round": 0, "eval/accuracy": 0.1},
+        {
+            "progress/round": 1,
+            "progress/samples": 16,
+            "progress/epoch": 0.5,
+            "time/wall_s": 3.0,
+            "iw/clip_frac": 0.1,
+            "iw/staleness": 0.2,
+        },
+        {"progress/round": 2, "progress/samples": 32, "loss/clip_frac": 0.3, "loss/kl_mean": 0.01},
+        {"progress/step": 4, "progress/epoch": 1.0, "train/loss": 0.7},
+    ]
+    today = {"progress/round": 3, "iw/clip_frac": 0.0, "iw/staleness": 0.0, "loss/clip_frac": 0.5}
+    assert current_names(today) == today
 
 
 def test_token_means_combine_over_ranks_by_tokens():

@@ -90,10 +90,10 @@ def test_two_node_launch_matches_single_process(tmp_path):
     launch([*OVERRIDES, f"hydra.run.dir={single}"], tmp_path, shaped=True)
     assert json.loads((run / "meta.json").read_text())["world_size"] == 2
     t1, t2 = train_rows(read_rows(single)), train_rows(read_rows(run))
-    assert [r["round"] for r in t2] == [1, 2]  # one metrics file, one row per round: rank 0 alone writes
+    assert [r["progress/round"] for r in t2] == [1, 2]  # one metrics file, one row per round: rank 0 alone writes
     for r1, r2 in zip(t1, t2):
-        assert r2["train/reward_mean"] == r1["train/reward_mean"], r1["round"]
-        assert r2["train/loss"] == pytest.approx(r1["train/loss"], rel=1e-4, abs=1e-5), r1["round"]
+        assert r2["train/reward_mean"] == r1["train/reward_mean"], r1["progress/round"]
+        assert r2["train/loss"] == pytest.approx(r1["train/loss"], rel=1e-4, abs=1e-5), r1["progress/round"]
     for round_ in (1, 2):
         assert_same_weights(final_weights(run, round_), final_weights(single, round_), atol=1e-5)
 
@@ -106,5 +106,5 @@ def test_two_node_launch_with_one_vllm_engine_per_rank(tmp_path):
     outputs = launch_two_nodes(tmp_path, run, [*OVERRIDES, "sampler=vllm", "optim.lr=1e-2"])
     assert not any("Traceback" in out for out in outputs), outputs[0][-3000:] + outputs[1][-3000:]
     train = train_rows(read_rows(run))
-    assert [r["round"] for r in train] == [1, 2] and max(r["train/grad_norm"] for r in train) > 0
+    assert [r["progress/round"] for r in train] == [1, 2] and max(r["train/grad_norm"] for r in train) > 0
     assert all(r["sampler/logprob_mismatch"] < 1e-3 for r in train), [r["sampler/logprob_mismatch"] for r in train]

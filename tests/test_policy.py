@@ -317,7 +317,7 @@ def test_token_statistics_combine_over_micro_batches_by_tokens():
         x = estimators.LossInputs(
             token_logp, batch.logp_mu, batch.completion_mask, batch.rewards, batch.group_ids, None, n_records, n_tokens
         )
-        loss, stats = estimators.compute("dapo", x, {"clip_low": 0.2, "clip_high": 0.28})
+        loss, stats = estimators.compute("dapo", x, {"eps_low": 0.2, "eps_high": 0.28})
         gap = masked_mean((token_logp.detach() - batch.logp_mu).abs(), batch.completion_mask).item()
         return loss, stats | {"token_logp_gap": gap}
 

@@ -100,4 +100,4 @@ def test_resumed_grpo_keeps_the_initial_policy_as_kl_reference(tmp_path):
     rows_b = read_rows(run_b)
     kl_b = [r["loss/kl_mean"] for r in train_rows(rows_b)]
     assert kl_b == pytest.approx(kl_a, rel=1e-5, abs=1e-8)
-    assert_rows_equal([r for r in rows_b if r["round"] > 2], [r for r in rows_a if r["round"] > 2])
+    assert_rows_equal([r for r in rows_b if r["progress/round"] > 2], [r for r in rows_a if r["progress/round"] > 2])

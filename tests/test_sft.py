@@ -228,13 +228,13 @@ def test_distill_then_sft_end_to_end(tmp_path):
     trains = [r for r in metrics if "train/loss" in r]
     evals = [r for r in metrics if "eval/accuracy" in r]
     steps_per_epoch = -(-len(rows) // 8)  # sft.batch_size = 8
-    assert [r["epoch"] for r in trains] == [1.0, 2.0, 3.0]
-    assert [r["step"] for r in trains] == [steps_per_epoch * e for e in (1, 2, 3)]
+    assert [r["progress/epoch"] for r in trains] == [1.0, 2.0, 3.0]
+    assert [r["progress/step"] for r in trains] == [steps_per_epoch * e for e in (1, 2, 3)]
     assert all(r["train/tokens"] == sum(len(x["completion_ids"]) for x in rows) for r in trains)
     losses = [r["train/loss"] for r in trains]
     assert losses[0] - losses[1] > 0.02 and losses[1] - losses[2] > 0.02, losses
     assert all(r["time/train_s"] > 0 and r["train/lr"] == pytest.approx(1e-3) for r in trains)
-    assert [r["epoch"] for r in evals] == [0, 3] and all(r["eval/n"] == 16 for r in evals)
+    assert [r["progress/epoch"] for r in evals] == [0, 3] and all(r["eval/n"] == 16 for r in evals)
 
     summary = json.loads((student_dir / "summary.json").read_text())
     assert summary["eval/accuracy_before"] == evals[0]["eval/accuracy"]
@@ -280,7 +280,7 @@ def test_algorithm_sft_runs_the_pair_through_train(tmp_path):
     assert pair["sft"]["epochs"] == 2 and pair["sft"]["lr"] == 2e-5 and pair["distill"]["n_samples"] == 5
     assert pair["distill"]["data"] == str(run / "distill" / "distill.jsonl")
     trains = [r for r in read_rows(run / "sft") if "train/loss" in r]
-    assert [r["epoch"] for r in trains] == [1.0, 2.0]
+    assert [r["progress/epoch"] for r in trains] == [1.0, 2.0]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["algorithm"] == "sft" and summary["examples"] == len(rows) and summary["epochs"] == 2
     assert summary["distill"]["kept"] == len(rows)

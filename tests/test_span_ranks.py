@@ -29,7 +29,7 @@ PAD = 0  # the character tokenizer's <pad>
 LOSSES = {  # name: (registered loss, its settings, zero-advantage groups skipped)
     "iw_grpg": ("iw_grpg", dict(eta=2.0, leave_one_out=False, iw_baseline=True, iw_gradient=True), "zero_rewards"),
     "iw_grpg_loo": ("iw_grpg", dict(eta=2.0, leave_one_out=True, iw_baseline=True, iw_gradient=True), "zero_rewards"),
-    "dapo": ("dapo", dict(clip_low=0.2, clip_high=0.28), "equal_rewards"),  # token-mean normaliser
+    "dapo": ("dapo", dict(eps_low=0.2, eps_high=0.28), "equal_rewards"),  # token-mean normaliser
 }
 LENGTHS = ([3, 7, 2, 5], [6, 1, 4, 8], [2, 3, 2, 3])
 REWARDS = ([1.0, 0.0, 0.0, 1.0], [0.5, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0])  # the last: all zero

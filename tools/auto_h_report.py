@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from omegaconf import OmegaConf
 
 if __package__ in (None, ""):  # run as a script: the repository root, for `tools.*`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rapid.logger import read_metrics  # noqa: E402
 from tools.stats import t_half_width  # noqa: E402
 
 WALL_SLACK = 0.10  # H = auto may take this much more wall time than the fastest fixed H of equal accuracy
@@ -89,18 +89,19 @@ def plot(run_dirs: list[Path], path: Path) -> bool:
         return False
     fig, (ax_h, ax_e) = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True)
     for d in run_dirs:
-        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        rows = [r for r in rows if "algorithm/H" in r]
+        rows = [r for r in read_metrics(d / "metrics.jsonl") if "algorithm/H" in r]  # any metric names
         n_step = OmegaConf.load(d / "config.yaml").algorithm.n_step
-        start = [r["samples"] - r["algorithm/H"] * n_step for r in rows]  # samples before the round
+        start = [r["progress/samples"] - r["algorithm/H"] * n_step for r in rows]  # samples before the round
         label = d.name.rsplit("_", 1)[-1]
         ax_h.step(
-            start + [rows[-1]["samples"]],
+            start + [rows[-1]["progress/samples"]],
             [r["algorithm/H"] for r in rows] + [rows[-1]["algorithm/H"]],
             where="post",
             label=label,
         )
-        ax_e.plot([r["samples"] for r in rows], [r["algorithm/ess_last"] for r in rows], marker=".", label=label)
+        ax_e.plot(
+            [r["progress/samples"] for r in rows], [r["algorithm/ess_last"] for r in rows], marker=".", label=label
+        )
     ax_h.set_ylabel("H of the round")
     ax_h.set_yscale("log", base=2)
     ax_h.legend(title="seed")

@@ -96,17 +96,19 @@ def round_mfu(rows: list[dict], parameters: int, peak: float | None, num_iterati
     """Per training round of a run's metrics.jsonl: the tokens the H steps ran forward and backward (every
     record's prompt + completion, `num_iterations` passes, times the share of records trained) and the
     tokens the log μ recompute ran forward (every record once), with each phase's MFU."""
+    from rapid.logger import current_names  # rows written under either names
+
     out, before = [], 0
-    for r in rows:
-        if "time/train_s" not in r or "samples" not in r:
+    for r in map(current_names, rows):
+        if "time/train_s" not in r or "progress/samples" not in r:
             continue
-        records, before = r["samples"] - before, r["samples"]
+        records, before = r["progress/samples"] - before, r["progress/samples"]
         per_record = r.get("train/prompt_len", 0.0) + r["train/completion_len"]
         trained = records * per_record * r.get("train/trained_frac", 1.0) * num_iterations
         recompute = records * per_record if r.get("time/recompute_s", 0) > 0 else 0.0
         out.append(
             {
-                "round": r["round"],
+                "round": r["progress/round"],
                 "train_tokens": trained,
                 "train_s": r["time/train_s"],
                 "train_mfu": mfu(parameters, trained, 3, r["time/train_s"], peak),
@@ -516,6 +518,7 @@ def predict_runs(rows: list[dict], cm: dict, lengths_from: Path | None = None) -
     `shared_length_groups`)."""
     from omegaconf import OmegaConf
 
+    from rapid import estimators
     from rapid.config import with_current_defaults
 
     model = cost_model_module()
@@ -538,7 +541,7 @@ def predict_runs(rows: list[dict], cm: dict, lengths_from: Path | None = None) -
             completion_len=row["completion_len"],
             length_groups=rollout_length_groups(run_dir) or shared,
             passes=a.num_iterations,
-            reference=a.loss == "grpo" and a.get("kl_coef", 0) > 0,
+            reference=estimators.get(a.loss).reference(a),
             recompute=a.behavior_logprobs == "recompute",
             trained_frac=row.get("trained_frac") or 1.0,
         )

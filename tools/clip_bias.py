@@ -264,7 +264,7 @@ ESTIMATORS = [
     ("RAPID, eta none, leave-one-out", "rapid", {"eta": None, "leave_one_out": True}),
     ("RAPID, masked IS", "rapid_mask", {}),
     ("uncorrected GRPG", "rapid", {"iw_baseline": False, "iw_gradient": False}),
-    ("GRPO (no KL)", "grpo", {"kl_coef": 0.0}),
+    ("GRPO (no KL)", "grpo", {"beta": 0.0}),
     ("DAPO", "dapo", {}),
     ("Dr. GRPO", "dr_grpo", {}),
     ("CISPO", "cispo", {}),

@@ -759,7 +759,7 @@ def main(argv: list[str] | None = None) -> dict:
         tolerance=args.tolerance,
         completion_len=predict_len,
         length_groups=cm.get("length_groups"),
-        reference=c.get("loss") == "grpo" and c.get("kl_coef", 0) > 0,
+        reference=c.get("loss") in ("grpo", "dr_grpo") and c.get("beta", c.get("kl_coef", 0)) > 0,
         recompute=c.get("behavior_logprobs") == "recompute",
         passes=c.get("num_iterations", 1),
     )
@@ -857,7 +857,7 @@ def measure_main(args) -> tuple[dict, Path]:
         "H": a.H,
         "micro_batch": cfg.train.micro_batch,
         "loss": a.loss,
-        "kl_coef": a.get("kl_coef", 0.0),
+        "beta": a.get("beta", 0.0),
         "behavior_logprobs": a.behavior_logprobs,
         "num_iterations": a.get("num_iterations", 1),
         "sampler": cfg.sampler.name,

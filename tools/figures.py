@@ -44,18 +44,18 @@ def load(run: Path) -> dict:
     cfg = run_config(run)
     method, seed = config_and_seed(run, cfg)
     rows = read_rows(run)
-    train = [r for r in rows if "time/round_s" in r and "round" in r]
-    evals = [r for r in rows if "eval/accuracy" in r and "round" in r]
+    train = [r for r in rows if "time/round_s" in r and "progress/round" in r]
+    evals = [r for r in rows if "eval/accuracy" in r and "progress/round" in r]
     per_round = cfg.get("algorithm", {}).get("n_inference")
-    samples = {0: 0, **{r["round"]: r["samples"] for r in train if "samples" in r}}
+    samples = {0: 0, **{r["progress/round"]: r["progress/samples"] for r in train if "progress/samples" in r}}
     elapsed, cumulative = {0: 0.0}, 0.0
-    for r in sorted(train, key=lambda r: r["round"]):
+    for r in sorted(train, key=lambda r: r["progress/round"]):
         cumulative += r["time/round_s"]
-        elapsed[r["round"]] = cumulative
+        elapsed[r["progress/round"]] = cumulative
     points = [
         (
-            samples.get(e["round"], e["round"] * per_round if isinstance(per_round, int) else None),
-            elapsed.get(e["round"]),
+            samples.get(e["progress/round"], e["progress/round"] * per_round if isinstance(per_round, int) else None),
+            elapsed.get(e["progress/round"]),
             e["eval/accuracy"],
         )
         for e in evals
@@ -137,7 +137,9 @@ def per_round_curves(runs: list[dict], key: str) -> dict[str, dict[str, np.ndarr
             continue
         mean, lo, hi = spread([[r[key] for r in m["train"]] for m in members])
         out[method] = {
-            "samples": spread([[r.get("samples", r["round"]) for r in m["train"]] for m in members])[0],
+            "samples": spread([[r.get("progress/samples", r["progress/round"]) for r in m["train"]] for m in members])[
+                0
+            ],
             "mean": mean,
             "min": lo,
             "max": hi,

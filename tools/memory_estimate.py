@@ -8,7 +8,7 @@ size d, vocabulary V; a micro-batch of m records with prompts of p tokens and co
   gathered      8 P           fsdp only, training phase: the whole fp32 weights (gathered at the first
                               forward and kept for the backward, reshard_after_forward=False) and the
                               whole fp32 gradients accumulated before their reduce-scatter
-  reference     4 P           GRPO's frozen fp32 copy of the initial policy (kl_coef > 0 only)
+  reference     4 P           GRPO's frozen fp32 copy of the initial policy (beta > 0 only)
   activations  m (p + c) L a  saved for the backward under bf16 autocast, a = 2 (4h + 2 nq d + 2 nkv d + 4I)
                               + 4 (2h) bytes a token and layer (the matmul inputs and outputs in bf16, the fp32
                               residual stream and norm inputs); with gradient checkpointing only each layer's
@@ -139,6 +139,7 @@ def paper_runs(prompt_len: int, shards: int = 1) -> list[Run]:
     """The paper configs (conf/experiment/*_h8.yaml; Table 2's families on MBPP+), composed by Hydra."""
     from hydra import compose, initialize_config_dir
 
+    from rapid import estimators
     from rapid.config import register_resolvers
 
     register_resolvers()
@@ -165,7 +166,7 @@ def paper_runs(prompt_len: int, shards: int = 1) -> list[Run]:
                     gradient_checkpointing=cfg.model.gradient_checkpointing,
                     sleep_during_train=cfg.sampler.sleep_during_train,
                     gpu_memory_utilization=cfg.sampler.gpu_memory_utilization,
-                    reference=cfg.algorithm.loss == "grpo" and cfg.algorithm.kl_coef > 0,
+                    reference=estimators.get(cfg.algorithm.loss).reference(cfg.algorithm),
                     shards=shards,
                 )
             )

@@ -264,8 +264,10 @@ def run_config(run: Path) -> dict:
 
 
 def read_rows(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    """A run's metrics.jsonl rows under today's names, whichever names it was written with (rapid.logger)."""
+    from rapid.logger import read_metrics
+
+    return read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
 
 
 def read_run(run: Path) -> dict:
@@ -644,14 +646,14 @@ def eval_points(run: Path) -> list[dict]:
     (the sum of `time/round_s` over the rounds before; a run resumed from a checkpoint repeats the rounds
     after it, and each round counts once, its last record), eval_n and accuracy."""
     rows = read_rows(run)
-    rounds = {r["round"]: r for r in rows if "time/round_s" in r and "round" in r}
-    evals = {r["round"]: r for r in rows if "eval/accuracy" in r and "round" in r}
+    rounds = {r["progress/round"]: r for r in rows if "time/round_s" in r and "progress/round" in r}
+    evals = {r["progress/round"]: r for r in rows if "eval/accuracy" in r and "progress/round" in r}
     points = []
     for k, e in sorted(evals.items()):
         done = [rounds[j] for j in sorted(rounds) if j <= k]
         points.append(
             {
-                "samples": done[-1]["samples"] if done else 0,
+                "samples": done[-1]["progress/samples"] if done else 0,
                 "wall_s": sum(r["time/round_s"] for r in done),
                 "eval_n": e.get("eval/n"),
                 "accuracy": e["eval/accuracy"],

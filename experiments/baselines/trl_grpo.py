@@ -142,9 +142,9 @@ def grpo_options(cfg: DictConfig, world: int, use_cpu: bool, out: Path) -> dict:
         **generation_backend(cfg.sampler, use_cpu, importlib.util.find_spec("vllm") is not None),
         # the loss
         loss_type=LOSS_TYPES[a.aggregation],
-        beta=a.get("kl_coef", 0.0),
-        epsilon=a.get("clip_eps", 0.2),
-        epsilon_high=a.get("clip_eps", 0.2),
+        beta=a.get("beta", 0.0),
+        epsilon=a.get("eps_low", 0.2),
+        epsilon_high=a.get("eps_high", 0.2),
         scale_rewards="group",
         importance_sampling_level="token",
         use_bias_correction_kl=False,
