@@ -257,6 +257,12 @@ KINDS = {
     "distill.teacher": {"str", "null", "map"},
     "algorithm.distill.data": {"str", "null"},
     "algorithm.distill.teacher": {"str", "null", "map"},
+    "distill.n_prompts": {"int", "null"},
+    "algorithm.distill.n_prompts": {"int", "null"},
+    "algorithm.clip_eps": {"int", "float", "null"},  # earlier names of eps_low / eps_high / beta (read as those)
+    "algorithm.clip_low": {"int", "float", "null"},
+    "algorithm.clip_high": {"int", "float", "null"},
+    "algorithm.kl_coef": {"int", "float", "null"},
     "algorithm.eps_low": {"int", "float", "null"},
     "algorithm.baseline": {"int", "float", "str"},  # TOPR's constant, or group_mean (rapid/estimators.py checks)
     "algorithm.eta": {"int", "float", "null"},

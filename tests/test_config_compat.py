@@ -20,3 +20,13 @@ def test_an_older_runs_config_gets_the_new_keys_at_their_defaults():
     assert (cfg.eval.n, cfg.eval.every, cfg.eval.at_start) == (5, 0, True)
     assert cfg.seed == 3 and "hydra" not in cfg
     OmegaConf.to_container(cfg, resolve=True)  # nothing left unresolvable
+
+
+def test_every_key_conf_leaves_null_has_a_declared_kind():
+    """A key whose only value in conf/ is null says nothing of what it may hold, so the schema would
+    refuse every value a user gives it (`algorithm.distill.n_prompts=24 must be null`): each such key
+    is declared in rapid.config.KINDS."""
+    from rapid.config import KINDS, conf_kinds
+
+    undeclared = [k for k, v in conf_kinds().items() if v == {"null"} and not k.startswith("hydra.") and k not in KINDS]
+    assert not undeclared, f"declare these keys' kinds in rapid.config.KINDS: {', '.join(sorted(undeclared))}"
