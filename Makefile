@@ -38,7 +38,7 @@ $(VENV)/.installed: setup.cfg Makefile
 	$(PIP) install -q --no-deps evalplus==0.3.1
 	touch $@
 
-run: install  ## the default run: RAPID on procedurally generated addition, SmolLM2-135M, CPU, offline (~5.5 min on 2 cores)
+run: install  ## the default run: RAPID on procedurally generated addition, SmolLM2-135M, CPU, offline (~6.5 min on 2 cores)
 	$(PY) -m rapid.train
 
 test: install  ## the tests CI runs (~3 min on 2 cores): all but those marked slow, with one short end-to-end run

@@ -21,7 +21,7 @@ PG is the same loop with H = 1 (`algorithm=pg`). With `algorithm.H=auto` each ro
 the previous rounds' importance weights and phase times (rapid/adaptive_h.py), and the run ends when
 its sample budget (`samples`) is spent.
 
-    python -m rapid.train                                   # the offline default run (CPU, ~5.5 min)
+    python -m rapid.train                                   # the offline default run (CPU, ~6.5 min)
     python -m rapid.train +experiment=smoke                 # tiny random model, < 2 min
     python -m rapid.train -m algorithm.H=1,2,4,8 seed=0,1   # a sweep, one directory per run
     python -m rapid.train algorithm.H=auto samples=3072     # H chosen every round, 3072 samples in all

@@ -72,3 +72,16 @@ def test_results_folder_names_the_code_its_runs_ran_at(folder):
         assert not re.search(r"^- Machine: not recorded", text, re.M), (
             f"{folder.name}/README.md: its runs recorded their CPU in meta.json; say which machine it was"
         )
+
+
+def test_the_headline_result_carries_its_machine_and_commit():
+    """README's first result (the default run) comes from runs that recorded their commit, CPU and a
+    calibration of the machine's speed (rapid.profiling.calibrate) in meta.json."""
+    seeds = sorted((RESULTS / "default_run").glob("seed*"))
+    assert seeds, "experiments/results/default_run has no seed folders"
+    for seed in seeds:
+        meta = seed / "meta.json"
+        assert meta.is_file(), f"{meta.relative_to(ROOT)} is missing: rerun `make default-results`"
+        fields = json.loads(meta.read_text())
+        for key in ("git_commit", "cpu", "calibration"):
+            assert fields.get(key), f"{meta.relative_to(ROOT)} has no {key}"
