@@ -40,6 +40,18 @@ def git_commit() -> str | None:
         return None
 
 
+def portable_argv(argv: list[str]) -> list[str]:
+    """The command line with its script named relative to the repository (rapid/train.py), so that a run's
+    meta.json does not carry the path of the machine it ran on."""
+    if not argv:
+        return list(argv)
+    script = Path(argv[0])
+    root = Path(__file__).resolve().parent.parent
+    if script.is_absolute() and script.resolve().is_relative_to(root):
+        script = script.resolve().relative_to(root)
+    return [str(script), *argv[1:]]
+
+
 def write_run_files(run_dir: Path, cfg, device, meta_name: str = "meta.json", **extra) -> None:
     """<run_dir>/config.yaml (the resolved config) and <run_dir>/<meta_name>: the commit, command line,
     device, torch version and CPU of the run, how busy the machine was at its start (`calibration`:
@@ -53,7 +65,7 @@ def write_run_files(run_dir: Path, cfg, device, meta_name: str = "meta.json", **
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     meta = {
         "git_commit": git_commit(),
-        "argv": sys.argv,
+        "argv": portable_argv(sys.argv),
         "device": str(device),
         "torch": torch.__version__,
         "cpu": cpu_description(),

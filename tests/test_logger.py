@@ -130,3 +130,15 @@ def test_token_means_combine_over_ranks_by_tokens():
     summed = {k: parts[0][k] + parts[1][k] for k in parts[0]}
     assert step_means(summed, 1, "clip_frac", 2, tokens=True) == pytest.approx(0.125)
     assert step_means(summed, 1, "staleness", 2) == pytest.approx(0.4)
+
+
+def test_meta_names_the_script_relative_to_the_repository():
+    """meta.json's argv carries no machine path: a script inside the repository is named from its root."""
+    from pathlib import Path
+
+    from rapid import logger
+
+    root = Path(logger.__file__).resolve().parent.parent
+    assert logger.portable_argv([str(root / "rapid" / "train.py"), "seed=1"]) == ["rapid/train.py", "seed=1"]
+    assert logger.portable_argv(["-m", "x"]) == ["-m", "x"]
+    assert logger.portable_argv(["/elsewhere/run.py"]) == ["/elsewhere/run.py"]
