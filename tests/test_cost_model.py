@@ -270,3 +270,19 @@ def test_cpu_clock_needs_one_thread_on_one_core(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 2 and "one thread on one core" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_the_reference_forward_is_predicted_from_the_loss_declaration():
+    """Whether a prediction adds the reference model's forward comes from the loss's declaration in the
+    registry (rapid.estimators `reference`), not its name: a loss registered here with a reference is
+    predicted with one, and the earlier KL name (kl_coef) of a stored cost_model.json still reads."""
+    from rapid import estimators
+
+    assert cost_model.needs_reference({"loss": "grpo", "beta": 0.04})
+    assert not cost_model.needs_reference({"loss": "grpo", "kl_coef": 0.0})  # a cost_model.json of before
+    assert not cost_model.needs_reference({"loss": "iw_grpg", "beta": 0.0})
+    estimators.register("always_anchored", level="token", reference=True)(lambda x, a: None)
+    try:
+        assert cost_model.needs_reference({"loss": "always_anchored"})
+    finally:
+        del estimators.REGISTRY["always_anchored"]

@@ -90,8 +90,7 @@ def write_run(
             {
                 "round": i + 1,
                 "time/round_s": t,
-                "iw/staleness": s,
-                "iw/log_w_mean": -s,
+                **({"iw/staleness": s, "iw/log_w_mean": -s} if s is not None else {}),
                 "mem/generate_rss_mib": m - 100,
                 "mem/train_rss_mib": m,
                 "mem/peak_is_process": 0,
@@ -126,14 +125,14 @@ def test_multirun_folder_by_hand(tmp_path):
             staleness=stale,
             rss=rss,
         )
-    # a GRPO run: grouped on its own, left out of the correlations (another loss), no staleness
+    # a GRPO run: grouped on its own, left out of the correlations (no importance weights: no iw/staleness)
     write_run(
         sweep / "algorithm=grpo,seed=0",
         H=1,
         seed=0,
         accuracy=0.9,
         round_s=[50],
-        staleness=[0],
+        staleness=[None],
         rss=[5000],
         name="grpo",
         loss="grpo",
@@ -509,3 +508,19 @@ def test_busy_flags_by_hand(tmp_path):
     assert flags["a_s3"] == "generation 16.0 s per 1k tokens, 1.33x the median 12.0 of 5 runs alike"
     assert flags["a_s2"] == "calibration 40 ms, 1.54x the median"
     assert flags["a_s1"] == "load average 3.1 on 2 cores"
+
+
+def test_correlations_take_every_importance_weighted_loss_by_what_it_logged():
+    """An H sweep's correlations take the runs of a loss that logs importance weights (iw/staleness:
+    rapid.estimators' `iw`), whatever its name, and leave out those that log none; no loss name is read."""
+    run = lambda loss, h, acc, stale: {
+        "loss": loss, "H": h, "estimator": ("2.0",), "staleness": stale, "accuracy": acc, "train_s": 10.0 * h,
+        "log_w_mean": None, "peak_rss_mib": None,
+    }  # fmt: skip
+    runs = [run("rapid_mask", 1, 0.2, 0.0), run("rapid_mask", 2, 0.4, 0.1), run("rapid_mask", 4, 0.3, 0.3)]
+    runs.append(run("grpo", 8, 0.9, None))  # logs no importance weights: not a point
+    corr = {c["quantity"]: c for c in stats.correlations(runs)}
+    assert corr["accuracy"]["n"] == 3 and corr["accuracy"]["H_values"] == "1 2 4"
+    # by hand: H 1, 2, 4 (mean 7/3), accuracy 0.2, 0.4, 0.3 (mean 0.3): Σ dH dA = (-4/3)(-0.1) + (-1/3)(0.1) + 0
+    # = 0.1, Σ dH² = 14/3, Σ dA² = 0.02 -> r = 0.1 / √(14/3 · 0.02) = 0.327327
+    assert corr["accuracy"]["r"] == pytest.approx(0.327327, abs=1e-6)

@@ -75,6 +75,17 @@ DEFAULT_H = (1, 2, 4, 8, 16, 32)
 PHASES = ("generate", "reward", "recompute", "train", "sync")  # as rapid.train's clock names them
 
 
+def needs_reference(algorithm) -> bool:
+    """Whether the run's loss reads a frozen reference model (one more forward per micro-batch), as the loss
+    declares it in rapid.estimators' registry. `algorithm` is the run's algorithm settings (a config node,
+    or the `config` dict of a cost_model.json, whose KL weight may be named by its earlier name kl_coef)."""
+    from rapid import estimators
+
+    settings = dict(algorithm)
+    settings.setdefault("beta", settings.get("kl_coef") or 0.0)
+    return bool(estimators.get(settings["loss"]).reference(settings))
+
+
 # ============================================================================== prediction math (pure)
 
 
@@ -759,7 +770,7 @@ def main(argv: list[str] | None = None) -> dict:
         tolerance=args.tolerance,
         completion_len=predict_len,
         length_groups=cm.get("length_groups"),
-        reference=c.get("loss") in ("grpo", "dr_grpo") and c.get("beta", c.get("kl_coef", 0)) > 0,
+        reference=c["reference"] if "reference" in c else needs_reference(c),
         recompute=c.get("behavior_logprobs") == "recompute",
         passes=c.get("num_iterations", 1),
     )
@@ -858,6 +869,7 @@ def measure_main(args) -> tuple[dict, Path]:
         "micro_batch": cfg.train.micro_batch,
         "loss": a.loss,
         "beta": a.get("beta", 0.0),
+        "reference": needs_reference(a),  # the loss's own declaration (rapid.estimators), not its name
         "behavior_logprobs": a.behavior_logprobs,
         "num_iterations": a.get("num_iterations", 1),
         "sampler": cfg.sampler.name,

@@ -409,8 +409,10 @@ ESTIMATOR_KEYS = ("eta", "leave_one_out", "iw_baseline", "iw_gradient")  # the I
 
 
 def correlations(runs: list[dict], all_runs: bool = False) -> list[dict]:
-    points = [r for r in runs if isinstance(r["H"], (int, float)) and (all_runs or r["loss"] == "iw_grpg")]
-    if not all_runs and points:  # an H sweep holds the estimator fixed: ablated estimators are left out
+    points = [r for r in runs if isinstance(r["H"], (int, float)) and (all_runs or r["staleness"] is not None)]
+    # an H sweep of an importance-weighted loss (one that logs iw/staleness; rapid.estimators' `iw`) holds the
+    # estimator fixed: ablated estimators are left out
+    if not all_runs and points:
         usual = Counter(r["estimator"] for r in points).most_common(1)[0][0]
         points = [r for r in points if r["estimator"] == usual]
     out = []
