@@ -179,13 +179,14 @@ def save_failed_message(run_dir: Path, round_: int, error: Exception) -> str:
     return f"could not write the checkpoint of round {round_} to {Path(run_dir) / 'checkpoints'} ({reason}); {kept}"
 
 
-def bytes_needed(n_params: int, keep: int, n_checkpoints: int) -> int:
+def bytes_needed(n_params: int, keep: int, n_checkpoints: int, export_bytes: int = 4) -> int:
     """Roughly the disk a run's checkpoints take at their peak: fp32 weights (4 bytes a parameter) and
     AdamW's two fp32 moments (8) for each checkpoint on disk at once (the `keep` kept and, while they
-    are there, the one being written; all `n_checkpoints` with keep=0), and 64 MiB for the tokenizer,
-    metrics and rollouts."""
+    are there, the one being written; all `n_checkpoints` with keep=0), the trained model exported at
+    the end in the source's dtype (`export_bytes` a parameter: 2 for bf16/fp16, 4 for fp32; the
+    <run_dir>/model folder), and 64 MiB for the tokenizer, metrics and rollouts."""
     held = n_checkpoints if keep <= 0 else min(n_checkpoints, keep + 1)
-    return 12 * n_params * held + 64 * 2**20
+    return 12 * n_params * held + export_bytes * n_params + 64 * 2**20
 
 
 def latest(run_dir: Path) -> Path | None:

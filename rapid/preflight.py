@@ -411,7 +411,7 @@ def estimate_bytes(cfg: DictConfig, n_params: int | None) -> int:
         rounds = run_length(cfg, 1)[0]
     every = cfg.ckpt.every
     saves = (rounds // every + 1) if (rounds and every) else (cfg.ckpt.keep or 1) if every else 1
-    return bytes_needed(n_params, cfg.ckpt.keep, saves)
+    return bytes_needed(n_params, cfg.ckpt.keep, saves)  # the exported model counted at fp32, its largest
 
 
 # ----------------------------------------------------------------------------- run directories

@@ -30,8 +30,9 @@ def test_the_smoke_config_and_a_sweep_of_it_pass(tmp_path):
     jobs = check_command_line([*SMOKE, f"hydra.run.dir={tmp_path / 'run'}"], environ=QUIET)
     assert [j.run_dir for j in jobs] == [tmp_path / "run"] and jobs[0].cfg.algorithm.H == 2
     # the tiny model's 80,512 parameters, 12 bytes each (weights, 2 AdamW moments), in 2 checkpoints at once
-    # (rounds=3, ckpt.every=2, keep=1: round 2's is on disk while round 3's is written), + 64 MiB
-    assert jobs[0].bytes == 12 * 80_512 * 2 + 64 * 2**20
+    # (rounds=3, ckpt.every=2, keep=1: round 2's is on disk while round 3's is written), the exported model
+    # at its largest (fp32, 4 bytes each), + 64 MiB
+    assert jobs[0].bytes == 12 * 80_512 * 2 + 4 * 80_512 + 64 * 2**20
     jobs = check_command_line(
         ["-m", *SMOKE, "seed=0,1", "algorithm.H=1,2", f"hydra.sweep.dir={tmp_path}"], environ=QUIET
     )
@@ -137,10 +138,12 @@ def test_the_disk_estimate_counts_the_checkpoints_on_disk_at_once():
     from rapid.checkpoint import bytes_needed
 
     mib = 64 * 2**20
-    assert bytes_needed(1000, keep=1, n_checkpoints=1) == 12_000 + mib  # one save, at the end
-    assert bytes_needed(1000, keep=1, n_checkpoints=5) == 24_000 + mib  # the kept one and the one being written
-    assert bytes_needed(1000, keep=3, n_checkpoints=2) == 24_000 + mib
-    assert bytes_needed(1000, keep=0, n_checkpoints=5) == 60_000 + mib  # keep=0 keeps them all
+    # 12 bytes a parameter per checkpoint held, plus the exported model (4 bytes a parameter in fp32)
+    assert bytes_needed(1000, keep=1, n_checkpoints=1) == 12_000 + 4_000 + mib  # one save, at the end
+    assert bytes_needed(1000, keep=1, n_checkpoints=5) == 24_000 + 4_000 + mib  # the kept one and the one being written
+    assert bytes_needed(1000, keep=3, n_checkpoints=2) == 24_000 + 4_000 + mib
+    assert bytes_needed(1000, keep=0, n_checkpoints=5) == 60_000 + 4_000 + mib  # keep=0 keeps them all
+    assert bytes_needed(1000, keep=1, n_checkpoints=1, export_bytes=2) == 12_000 + 2_000 + mib  # a bf16 export
 
 
 def test_run_directories_named_by_job_number_and_broken_ones(tmp_path):
