@@ -27,11 +27,11 @@ CPU = torch.device("cpu")
 PAD = 0  # the character tokenizer's <pad>
 LENGTHS = ([1, 2, 1, 2], [5, 6, 7, 5])  # rank 0's group: 6 tokens, rank 1's: 23
 SETTINGS = {  # registered loss: its settings (GRPO with the token-mean aggregation, no KL reference)
-    "grpo": {"clip_eps": 0.2, "kl_coef": 0.0, "aggregation": "token_mean"},
-    "dapo": {"clip_low": 0.2, "clip_high": 0.28},
+    "grpo": {"eps_low": 0.2, "eps_high": None, "beta": 0.0, "aggregation": "token_mean"},
+    "dapo": {"eps_low": 0.2, "eps_high": 0.28},
     "cispo": {"eps_high": 0.3, "eps_low": None},  # a cap that some tokens reach
-    "dr_grpo": {"clip_eps": 0.2, "kl_coef": 0.0},
-    "gspo": {"clip_low": 3e-4, "clip_high": 4e-4},
+    "dr_grpo": {"eps_low": 0.2, "eps_high": None, "beta": 0.0},
+    "gspo": {"eps_low": 3e-4, "eps_high": 4e-4},
 }
 NAMES = tuple(SETTINGS)
 NOISE = {"gspo": 1e-3}  # log μ = log π + noise per token: GSPO's ±4e-4 range needs some sequences inside it
