@@ -103,7 +103,8 @@ def test_two_node_launch_with_one_vllm_engine_per_rank(tmp_path):
     """sampler=vllm: each rank's engine loads its own copy of the weights from its node's temporary
     directory and is synced every round (rapid.sampler.VLLMSampler), and the run exits cleanly."""
     run = tmp_path / "two_nodes"
-    outputs = launch_two_nodes(tmp_path, run, [*OVERRIDES, "sampler=vllm", "optim.lr=1e-2"])
+    overrides = [o for o in OVERRIDES if not o.startswith("optim.lr=")]  # a key given twice is refused
+    outputs = launch_two_nodes(tmp_path, run, [*overrides, "sampler=vllm", "optim.lr=1e-2"])
     assert not any("Traceback" in out for out in outputs), outputs[0][-3000:] + outputs[1][-3000:]
     train = train_rows(read_rows(run))
     assert [r["progress/round"] for r in train] == [1, 2] and max(r["train/grad_norm"] for r in train) > 0
