@@ -31,15 +31,10 @@ FILES = ("math/train_12k.jsonl", "math500/test.jsonl")
 
 
 def cpu() -> str:
-    """The CPU model and its vector extensions (from /proc/cpuinfo)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown CPU"
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    wanted = [f for f in flags if f.startswith(("avx", "sse4", "fma"))]
-    return f"{model}, {text.count('processor')} logical cores, vector extensions: {' '.join(wanted)}"
+    """The CPU model and its vector extensions, as every results file names them (rapid.profiling)."""
+    from rapid.profiling import cpu_description
+
+    return cpu_description()
 
 
 class Counting:
